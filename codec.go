@@ -1,0 +1,69 @@
+package idem
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// Codec turns fn's results into the bytes stored in the record and back.
+// Marshal receives a T and Unmarshal a *T.
+type Codec interface {
+	Marshal(v any) ([]byte, error)
+	Unmarshal(data []byte, v any) error
+}
+
+// JSONCodec stores values as JSON with encoding/json.
+type JSONCodec struct{}
+
+// Marshal encodes v as JSON.
+func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// Unmarshal decodes JSON data into v.
+func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// encodeValue stores v with codec, or by default as JSON except for []byte
+// and json.RawMessage, which are stored as they are.
+func encodeValue[T any](codec Codec, v T) ([]byte, error) {
+	if codec == nil {
+		switch b := any(v).(type) {
+		case []byte:
+			return nonNil(b), nil
+		case json.RawMessage:
+			return nonNil(b), nil
+		}
+		codec = JSONCodec{}
+	}
+	data, err := codec.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("idem: encoding the result (%T): %w", v, err)
+	}
+	return nonNil(data), nil
+}
+
+func decodeValue[T any](codec Codec, data []byte) (T, error) {
+	var v T
+	if codec == nil {
+		switch p := any(&v).(type) {
+		case *[]byte:
+			*p = bytes.Clone(data)
+			return v, nil
+		case *json.RawMessage:
+			*p = bytes.Clone(data)
+			return v, nil
+		}
+		codec = JSONCodec{}
+	}
+	if err := codec.Unmarshal(data, &v); err != nil {
+		return v, fmt.Errorf("idem: decoding the recorded result into %T: %w", v, err)
+	}
+	return v, nil
+}
+
+// nonNil keeps an empty result distinct from "no response" (NULL).
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}

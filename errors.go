@@ -1,0 +1,126 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sentinel errors. Match them with errors.Is; the errors idem returns wrap them
+// with context.
+var (
+	// ErrInProgress means another execution holds the key: a transaction that
+	// has not committed yet (in no-wait mode) or a live lease. Retry later; an
+	// HTTP layer answers 409.
+	ErrInProgress = errors.New("idem: key is in progress")
+
+	// ErrKeyReused means the key was first used with another fingerprint, that
+	// is, for a different request. fn does not run. An HTTP layer answers 422.
+	ErrKeyReused = errors.New("idem: key reused with a different fingerprint")
+
+	// ErrInvalidKey means Key.Scope or Key.ID is malformed. It is returned
+	// before any SQL runs. The error is an *InvalidKeyError.
+	ErrInvalidKey = errors.New("idem: invalid key")
+
+	// ErrInvalidOption means an Option carries an unusable value (a
+	// non-positive TTL, an unsafe table name). It is returned before any SQL
+	// runs.
+	ErrInvalidOption = errors.New("idem: invalid option")
+
+	// ErrLeaseLost means a worker's lease was taken over by another worker
+	// (its attempt number no longer matches): its transaction must roll back.
+	ErrLeaseLost = errors.New("idem: lease lost")
+
+	// ErrOutcomeUnknown means the connection failed while COMMIT was in
+	// flight, so the transaction may or may not have committed. Calling Do
+	// again with the same key settles it: it replays the committed result, or
+	// runs fn once if nothing was committed.
+	ErrOutcomeUnknown = errors.New("idem: commit outcome unknown")
+
+	// ErrNotFound means the row or record asked for does not exist.
+	ErrNotFound = errors.New("idem: not found")
+
+	// ErrInvalidTransition means a state machine was asked for a transition
+	// its rules do not allow from the row's current state.
+	ErrInvalidTransition = errors.New("idem: invalid transition")
+)
+
+// InvalidKeyError describes why a Key was rejected. It matches ErrInvalidKey.
+type InvalidKeyError struct {
+	Field  string // "Scope" or "ID"
+	Reason string // human-readable cause, e.g. "is empty"
+}
+
+func (e *InvalidKeyError) Error() string {
+	return fmt.Sprintf("idem: invalid key: %s %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidKey.
+func (e *InvalidKeyError) Is(target error) bool { return target == ErrInvalidKey }
+
+// PermanentError marks an error returned by fn as a business outcome: it is
+// recorded with the key and returned again to every later call with the same
+// key, instead of letting a retry run fn again. Create one with Permanent.
+type PermanentError struct {
+	// Err is the business error. On a replay it is a *RecordedError carrying
+	// the first error's message.
+	Err error
+}
+
+// Permanent wraps err so that WithIdempotency and Do record it as the key's
+// outcome (status failed): fn's writes are rolled back, the error is stored,
+// and later calls with the same key return it without running fn. A nil err
+// returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the business error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// RecordedError is the business error of a replayed permanent failure: the
+// original error value is gone, its message is what was recorded.
+type RecordedError struct {
+	Message string
+}
+
+func (e *RecordedError) Error() string { return e.Message }
+
+// IsPermanent reports whether err is, or wraps, a *PermanentError: a business
+// outcome that was recorded (or replayed) rather than a transient failure.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+// SQLSTATE codes idem reacts to.
+const (
+	sqlstateSerializationFailure = "40001"
+	sqlstateDeadlockDetected     = "40P01"
+	sqlstateLockNotAvailable     = "55P03"
+	sqlstateUniqueViolation      = "23505"
+)
+
+// IsRetryable reports whether err is a serialization failure (SQLSTATE 40001)
+// or a detected deadlock (40P01). Both abort the transaction; the remedy is to
+// run the whole transaction again, which Do does on its own. Under REPEATABLE
+// READ or SERIALIZABLE, WithIdempotency returns such errors unchanged when a
+// concurrent transaction with the same key commits first.
+func IsRetryable(err error) bool {
+	code := pgCode(err)
+	return code == sqlstateSerializationFailure || code == sqlstateDeadlockDetected
+}
+
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}

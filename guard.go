@@ -1,0 +1,96 @@
+package idem
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// errTxOwned is what fn gets from Commit or Rollback on the transaction idem
+// hands it: the transaction belongs to idem (Do) or to the caller
+// (WithIdempotency), and ends after fn returns.
+var errTxOwned = errors.New("idem: fn must not commit or roll back its transaction; return a value or an error instead")
+
+// guardTx is the pgx.Tx fn receives. It forwards queries to the real
+// transaction, refuses Commit and Rollback, and stops working once fn has
+// returned, so a leaked handle cannot touch a connection that went back to a
+// pool.
+type guardTx struct {
+	tx     pgx.Tx
+	closed bool
+}
+
+var _ pgx.Tx = (*guardTx)(nil)
+
+func (g *guardTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if g.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return g.tx.Begin(ctx)
+}
+
+func (g *guardTx) Commit(context.Context) error {
+	if g.closed {
+		return pgx.ErrTxClosed
+	}
+	return errTxOwned
+}
+
+func (g *guardTx) Rollback(context.Context) error {
+	if g.closed {
+		return pgx.ErrTxClosed
+	}
+	return errTxOwned
+}
+
+func (g *guardTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if g.closed {
+		return 0, pgx.ErrTxClosed
+	}
+	return g.tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (g *guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if g.closed {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	return g.tx.SendBatch(ctx, b)
+}
+
+func (g *guardTx) LargeObjects() pgx.LargeObjects { return g.tx.LargeObjects() }
+
+func (g *guardTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if g.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return g.tx.Prepare(ctx, name, sql)
+}
+
+func (g *guardTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if g.closed {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return g.tx.Exec(ctx, sql, args...)
+}
+
+func (g *guardTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if g.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return g.tx.Query(ctx, sql, args...)
+}
+
+func (g *guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if g.closed {
+		return errRow{pgx.ErrTxClosed}
+	}
+	return g.tx.QueryRow(ctx, sql, args...)
+}
+
+func (g *guardTx) Conn() *pgx.Conn { return g.tx.Conn() }
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }

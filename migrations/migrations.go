@@ -1,0 +1,194 @@
+// Package migrations holds the SQL that creates idem's record table, and
+// applies it with golang-migrate.
+//
+// Users of other migration tools (goose, tern, atlas) can copy or read the
+// raw, numbered files from FS: 000001_create_idempotent_record.up.sql and its
+// .down.sql. They create the table "idempotent_record" in the search_path.
+//
+// Up and Down apply the same files through golang-migrate's iofs source and
+// pgx/v5 driver, under their own version table (by default
+// "idempotent_record_schema_migrations"; never the application's
+// "schema_migrations"), so idem's migrations never mix with the application's.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"testing/fstest"
+
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/idemkit/idem"
+)
+
+// FS holds the raw migration files, named as golang-migrate expects
+// (NNNNNN_title.up.sql / NNNNNN_title.down.sql), at its root.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// DB is what Up, Down and Version accept. A *pgxpool.Pool is used through
+// stdlib.OpenDBFromPool and a *pgx.Conn through a second connection made from
+// its configuration; neither is closed.
+type DB interface {
+	*pgxpool.Pool | *pgx.Conn
+}
+
+// Option configures Up, Down and Version.
+type Option func(*config)
+
+type config struct {
+	schema, table, versionTable string
+	err                         error
+}
+
+// WithTable creates the record table as schema.table instead of
+// "idempotent_record" in the search_path; pass the same names to
+// idem.WithTable. schema may be empty; when set, it is created if missing.
+// Names follow idem.ValidateTableName.
+func WithTable(schema, table string) Option {
+	return func(c *config) {
+		if err := idem.ValidateTableName(schema, table); err != nil {
+			c.err = err
+			return
+		}
+		c.schema, c.table = schema, table
+	}
+}
+
+// WithVersionTable names golang-migrate's version table. It defaults to the
+// record table's name followed by "_schema_migrations", in the same schema.
+func WithVersionTable(name string) Option {
+	return func(c *config) {
+		if err := idem.ValidateTableName("", name); err != nil {
+			c.err = err
+			return
+		}
+		c.versionTable = name
+	}
+}
+
+// Up applies every migration not applied yet. It succeeds when there is
+// nothing to apply. A cancelled ctx stops it between migrations.
+func Up[D DB](ctx context.Context, db D, opts ...Option) error {
+	return run(ctx, db, opts, func(m *migrate.Migrate) error { return m.Up() })
+}
+
+// Down reverts every applied migration, dropping the record table. It
+// succeeds when there is nothing to revert.
+func Down[D DB](ctx context.Context, db D, opts ...Option) error {
+	return run(ctx, db, opts, func(m *migrate.Migrate) error { return m.Down() })
+}
+
+// Version reports the applied version (0 when none) and whether the last
+// migration failed halfway (dirty).
+func Version[D DB](ctx context.Context, db D, opts ...Option) (version uint, dirty bool, err error) {
+	err = run(ctx, db, opts, func(m *migrate.Migrate) error {
+		version, dirty, err = m.Version()
+		if errors.Is(err, migrate.ErrNilVersion) {
+			return nil
+		}
+		return err
+	})
+	return version, dirty, err
+}
+
+func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migrate) error) error {
+	cfg := config{table: idem.DefaultTable}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if cfg.err != nil {
+		return cfg.err
+	}
+	if cfg.versionTable == "" {
+		cfg.versionTable = cfg.table + "_schema_migrations"
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	var sqlDB *sql.DB
+	switch d := any(db).(type) {
+	case *pgxpool.Pool:
+		sqlDB = stdlib.OpenDBFromPool(d) // closing it leaves the pool open
+	case *pgx.Conn:
+		sqlDB = stdlib.OpenDB(*d.Config())
+	}
+
+	if cfg.schema != "" {
+		if _, err := sqlDB.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{cfg.schema}.Sanitize()); err != nil {
+			sqlDB.Close()
+			return fmt.Errorf("migrations: creating schema %q: %w", cfg.schema, err)
+		}
+	}
+	src, err := iofs.New(Files(cfg.schema, cfg.table), ".")
+	if err != nil {
+		sqlDB.Close()
+		return fmt.Errorf("migrations: reading the embedded files: %w", err)
+	}
+	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{
+		SchemaName:      cfg.schema,
+		MigrationsTable: cfg.versionTable,
+	})
+	if err != nil {
+		sqlDB.Close()
+		return fmt.Errorf("migrations: opening the database: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	if err != nil {
+		driver.Close()
+		return fmt.Errorf("migrations: %w", err)
+	}
+	defer m.Close() // closes sqlDB, which is ours
+
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case m.GracefulStop <- true:
+		default:
+		}
+	})
+	defer stop()
+
+	if err := step(m); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	return ctx.Err()
+}
+
+// Files returns the migration files for a record table named schema.table
+// (schema may be empty): FS itself for the default name, otherwise copies
+// with the names replaced and quoted. The names must pass
+// idem.ValidateTableName.
+func Files(schema, table string) fs.FS {
+	if schema == "" && table == idem.DefaultTable {
+		return FS
+	}
+	ident := pgx.Identifier{table}.Sanitize()
+	if schema != "" {
+		ident = pgx.Identifier{schema, table}.Sanitize()
+	}
+	r := strings.NewReplacer(
+		idem.DefaultTable+"_expires_at_idx", pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
+		idem.DefaultTable, ident,
+	)
+	out := fstest.MapFS{}
+	entries, _ := fs.ReadDir(FS, ".")
+	for _, e := range entries {
+		data, _ := fs.ReadFile(FS, e.Name())
+		out[e.Name()] = &fstest.MapFile{Data: []byte(r.Replace(string(data))), Mode: 0o444}
+	}
+	return out
+}

@@ -1,0 +1,154 @@
+package idem
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTTL is how long a record is kept, and replayed, unless WithTTL says
+// otherwise.
+const DefaultTTL = 24 * time.Hour
+
+// Option configures one call of WithIdempotency or Do. Options that do not
+// apply to a call (WithTxOptions for WithIdempotency) are ignored by it.
+type Option func(*config)
+
+type config struct {
+	ttl       time.Duration
+	noWait    bool
+	codec     Codec
+	schema    string
+	table     string
+	txOptions pgx.TxOptions
+	retry     RetryPolicy
+	err       error
+}
+
+// WithTTL sets how long the record of a first execution is kept and replayed;
+// after it the key is treated as unused and the next call runs fn again. It
+// defaults to DefaultTTL (24h). ttl must be positive; the expiry is computed
+// with the database clock.
+func WithTTL(ttl time.Duration) Option {
+	return func(c *config) {
+		if ttl <= 0 {
+			c.fail("WithTTL(%v): the TTL must be positive", ttl)
+			return
+		}
+		c.ttl = ttl
+	}
+}
+
+// NoWait makes a call that finds the key held by a transaction that has not
+// committed yet return ErrInProgress at once (an HTTP 409) instead of waiting
+// for that transaction to finish and replaying its result. The caller's
+// transaction stays usable and its lock_timeout is left as it was. By default
+// the call waits.
+func NoWait() Option {
+	return func(c *config) { c.noWait = true }
+}
+
+// WithCodec sets how results are stored. By default values are JSON, and
+// []byte and json.RawMessage results are stored as they are. A nil codec
+// restores the default.
+func WithCodec(codec Codec) Option {
+	return func(c *config) { c.codec = codec }
+}
+
+// WithTable names the record table. It defaults to DefaultTable
+// ("idempotent_record") in the connection's search_path. schema may be empty.
+// Names must be plain identifiers (letters, digits and underscores, not
+// starting with a digit; table at most 48 bytes, schema at most 63) and are
+// always quoted in SQL. migrations.Up creates the table under the same names.
+func WithTable(schema, table string) Option {
+	return func(c *config) {
+		if err := ValidateTableName(schema, table); err != nil {
+			c.err = err
+			return
+		}
+		c.schema, c.table = schema, table
+	}
+}
+
+// WithTxOptions sets the options of the transaction Do begins (isolation
+// level, access mode). It defaults to the zero pgx.TxOptions: the server's
+// default isolation, usually READ COMMITTED. WithIdempotency ignores it.
+func WithTxOptions(opts pgx.TxOptions) Option {
+	return func(c *config) { c.txOptions = opts }
+}
+
+// WithRetry sets how Do retries serialization failures and deadlocks.
+func WithRetry(p RetryPolicy) Option {
+	return func(c *config) {
+		if p.MaxAttempts < 0 || p.BaseDelay < 0 || p.MaxDelay < 0 {
+			c.fail("WithRetry(%+v): values must not be negative", p)
+			return
+		}
+		c.retry = p
+	}
+}
+
+// RetryPolicy bounds Do's retries of serialization failures (40001) and
+// deadlocks (40P01). Each retry sleeps a random duration between zero and
+// min(MaxDelay, BaseDelay * 2^retry) (full jitter).
+type RetryPolicy struct {
+	// MaxAttempts is the total number of transaction attempts. It defaults
+	// to 10; 1 disables retries.
+	MaxAttempts int
+	// BaseDelay is the backoff before jitter of the first retry. It defaults
+	// to 2ms.
+	BaseDelay time.Duration
+	// MaxDelay caps the backoff. It defaults to 250ms.
+	MaxDelay time.Duration
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = 10
+	}
+	if p.BaseDelay == 0 {
+		p.BaseDelay = 2 * time.Millisecond
+	}
+	if p.MaxDelay == 0 {
+		p.MaxDelay = 250 * time.Millisecond
+	}
+	return p
+}
+
+func (c *config) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
+}
+
+func newConfig(opts []Option) (config, error) {
+	c := config{ttl: DefaultTTL, table: DefaultTable}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	c.retry = c.retry.withDefaults()
+	return c, c.err
+}
+
+func (c *config) queries() *queries {
+	return queriesFor(tableIdent(c.schema, c.table))
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ValidateTableName reports whether schema and table are acceptable names for
+// the record table (see WithTable). schema may be empty. The error matches
+// ErrInvalidOption.
+func ValidateTableName(schema, table string) error {
+	if !identRE.MatchString(table) || len(table) > 48 {
+		return fmt.Errorf("%w: table name %q: want letters, digits and underscores, at most 48 bytes", ErrInvalidOption, table)
+	}
+	if schema != "" && (!identRE.MatchString(schema) || len(schema) > 63) {
+		return fmt.Errorf("%w: schema name %q: want letters, digits and underscores, at most 63 bytes", ErrInvalidOption, schema)
+	}
+	return nil
+}

@@ -1,0 +1,607 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Result is what a call with an idempotency key produced.
+type Result[T any] struct {
+	// Value is fn's result, or the decoded result of the execution that
+	// first committed with this key.
+	Value T
+	// Replayed reports that Value (or the returned permanent error) comes
+	// from an earlier execution's record and fn did not run.
+	Replayed bool
+}
+
+// TxBeginner begins transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx (a
+// savepoint) all satisfy it. Do pipelines its BEGIN and COMMIT when db is a
+// *pgxpool.Pool or a *pgx.Conn.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// maxClaimTries bounds the claim loop: a record purged between the claim and
+// the read, or taken over by another transaction, sends the call around again.
+const maxClaimTries = 16
+
+// Savepoint names. PostgreSQL resolves a repeated name to the most recent
+// savepoint, so nested calls with distinct keys work.
+const (
+	spFn    = "idem_fn"
+	spClaim = "idem_claim"
+)
+
+// noWaitLockTimeout is the lock_timeout under which a no-wait claim gives up
+// on a key held by an uncommitted transaction.
+const noWaitLockTimeout = "1ms"
+
+// WithIdempotency runs fn at most once per key inside the caller's
+// transaction tx, and records fn's result in the same transaction.
+//
+// The first call with a key inserts a processing record, runs fn inside a
+// savepoint, stores the encoded result and returns it with Replayed false.
+// When tx commits, record and business writes commit together; when it rolls
+// back, neither exists and a retry runs fn again. A later call with the key
+// does not run fn: it returns the recorded value with Replayed true. A call
+// that meets a transaction still holding the key waits for it to end, then
+// replays its result (or runs fn, if that transaction rolled back); with
+// NoWait it returns ErrInProgress at once.
+//
+// Errors: an invalid key returns ErrInvalidKey before any SQL; a key used
+// with another Fingerprint returns ErrKeyReused; an error from fn rolls back
+// fn's writes and the claim and is returned as it is; Permanent(err) rolls back
+// fn's writes, records the failure and is returned again to later calls (with
+// Replayed true); a panic in fn rolls back the same way and is re-raised.
+// After ErrInProgress, ErrKeyReused, replays and fn's own errors, tx is still
+// usable, with its settings and savepoints as they were. Under REPEATABLE
+// READ and SERIALIZABLE a concurrent first execution that commits first makes
+// the claim fail with SQLSTATE 40001, returned unchanged (see IsRetryable);
+// such errors, and connection failures, leave tx aborted.
+//
+// fn receives tx (behind a guard that refuses Commit and Rollback) and must
+// not commit or roll it back, nor call WithIdempotency with the same key.
+func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (Result[T], error) {
+	var zero Result[T]
+	if err := key.Validate(); err != nil {
+		return zero, err
+	}
+	if tx == nil || fn == nil {
+		return zero, fmt.Errorf("%w: WithIdempotency needs a transaction and a function", ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return zero, err
+	}
+	c := claimer{tx: tx, q: cfg.queries(), cfg: &cfg, key: key, savepoint: true}
+	rec, err := c.claim(ctx, nil)
+	if err != nil {
+		return zero, err
+	}
+	if !rec.claimed {
+		return replay[T](rec, &cfg)
+	}
+
+	g := &guardTx{tx: tx}
+	v, fnErr, panicked := callFn(ctx, g, fn)
+	g.closed = true
+	switch {
+	case panicked != nil:
+		_ = c.abandon(ctx, rec.attempt)
+		panic(panicked)
+	case fnErr == nil:
+		data, err := encodeValue(cfg.codec, v)
+		if err != nil {
+			if cerr := c.abandon(ctx, rec.attempt); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+			return zero, err
+		}
+		b := &pgx.Batch{}
+		b.Queue("RELEASE SAVEPOINT " + spFn)
+		b.Queue(c.q.complete, key.Scope, key.ID, StatusSucceeded, data, rec.attempt)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return zero, fmt.Errorf("idem: recording the result: %w", err)
+		}
+		return Result[T]{Value: v}, nil
+	case IsPermanent(fnErr):
+		err := rollbackTo(ctx, tx, spFn)
+		if err == nil {
+			_, err = tx.Exec(ctx, c.q.complete, key.Scope, key.ID, StatusFailed, []byte(fnErr.Error()), rec.attempt)
+		}
+		if err != nil {
+			return zero, errors.Join(fnErr, fmt.Errorf("idem: recording the failure: %w", err))
+		}
+		return zero, fnErr
+	default:
+		if err := c.abandon(ctx, rec.attempt); err != nil {
+			return zero, errors.Join(fnErr, err)
+		}
+		return zero, fnErr
+	}
+}
+
+// Do runs fn at most once per key in a transaction of its own: it begins a
+// transaction on db, claims the key, runs fn, records the result and commits,
+// all as WithIdempotency describes. On a *pgxpool.Pool or *pgx.Conn it
+// pipelines BEGIN with the claim and the completion with COMMIT, so a first
+// execution costs the round trips of a bare transaction that runs fn's
+// statements; a replay costs two.
+//
+// Serialization failures (40001) and deadlocks (40P01) are retried with
+// jittered exponential backoff (WithRetry), which then usually replays the
+// result the other transaction committed. WithTxOptions sets the isolation
+// level. A Permanent error from fn rolls back fn's writes and commits the
+// failure record in a new transaction (if another execution committed first,
+// its result is returned instead).
+//
+// When the connection fails while COMMIT is in flight, Do cannot know whether
+// the transaction committed and returns an error matching ErrOutcomeUnknown.
+// Calling Do again with the same key settles it: the committed result is
+// replayed, or, if nothing committed, fn runs once.
+func Do[T any](ctx context.Context, db TxBeginner, key Key,
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (Result[T], error) {
+	var zero Result[T]
+	if err := key.Validate(); err != nil {
+		return zero, err
+	}
+	if db == nil || fn == nil {
+		return zero, fmt.Errorf("%w: Do needs a database and a function", ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return zero, err
+	}
+	var failure error // a Permanent error from an earlier attempt, to record
+	for attempt := 1; ; attempt++ {
+		res, err := doOnce(ctx, db, key, fn, &cfg, &failure)
+		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts {
+			return res, err
+		}
+		if err := sleep(ctx, backoff(cfg.retry, attempt)); err != nil {
+			return zero, err
+		}
+	}
+}
+
+func doOnce[T any](ctx context.Context, db TxBeginner, key Key,
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error) (Result[T], error) {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		pc, err := d.Acquire(ctx)
+		if err != nil {
+			return Result[T]{}, err
+		}
+		defer pc.Release()
+		return doOnConn(ctx, pc.Conn(), key, fn, cfg, failure)
+	case *pgx.Conn:
+		return doOnConn(ctx, d, key, fn, cfg, failure)
+	default:
+		return doOnTx(ctx, db, key, fn, cfg)
+	}
+}
+
+// doOnTx is Do for a TxBeginner that is neither a pool nor a connection: a
+// plain transaction around WithIdempotency.
+func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config) (Result[T], error) {
+	var zero Result[T]
+	var tx pgx.Tx
+	var err error
+	if b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		tx, err = b.BeginTx(ctx, cfg.txOptions)
+	} else if cfg.txOptions != (pgx.TxOptions{}) {
+		return zero, fmt.Errorf("%w: WithTxOptions needs a db with BeginTx, not %T", ErrInvalidOption, db)
+	} else {
+		tx, err = db.Begin(ctx)
+	}
+	if err != nil {
+		return zero, err
+	}
+	defer rollback(ctx, tx) //nolint:errcheck // a no-op after Commit
+	res, err := WithIdempotency(ctx, tx, key, fn, withConfig(cfg))
+	if err != nil && !(IsPermanent(err) && !res.Replayed) {
+		return res, err
+	}
+	if cerr := tx.Commit(ctx); cerr != nil {
+		return Result[T]{}, commitError(cerr)
+	}
+	return res, err
+}
+
+// withConfig passes an already validated configuration on.
+func withConfig(src *config) Option {
+	return func(c *config) { *c = *src }
+}
+
+// doOnConn is Do on one connection, with BEGIN and COMMIT pipelined.
+func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error) (res Result[T], err error) {
+	c := claimer{q: cfg.queries(), cfg: cfg, key: key}
+	rec, err := c.claim(ctx, &beginOn{conn: conn, opts: cfg.txOptions})
+	tx := c.tx
+	defer func() {
+		// Every path that does not commit ends the transaction here. A
+		// rollback that fails closes the connection, and the pool drops it.
+		if tx != nil && conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
+			_ = rollback(ctx, tx)
+		}
+	}()
+	if err != nil {
+		return res, err
+	}
+	if !rec.claimed {
+		return replay[T](rec, cfg)
+	}
+
+	var status string
+	var data []byte
+	if *failure != nil {
+		// An earlier attempt's fn failed permanently and was rolled back:
+		// record that outcome without running fn again.
+		status, data = StatusFailed, []byte((*failure).Error())
+	} else {
+		g := &guardTx{tx: tx}
+		v, fnErr, panicked := callFn(ctx, g, fn)
+		g.closed = true
+		switch {
+		case panicked != nil:
+			panic(panicked) // the deferred rollback runs first
+		case fnErr != nil:
+			if IsPermanent(fnErr) {
+				*failure = fnErr
+				if err := rollback(ctx, tx); err != nil {
+					return res, errors.Join(fnErr, err)
+				}
+				// Claim again in a new transaction and record the failure
+				// there; if another execution committed first, its outcome
+				// is returned instead.
+				return doOnConn(ctx, conn, key, fn, cfg, failure)
+			}
+			return res, fnErr
+		}
+		status = StatusSucceeded
+		if data, err = encodeValue(cfg.codec, v); err != nil {
+			return res, err
+		}
+		res.Value = v
+	}
+
+	b := &pgx.Batch{}
+	b.Queue(c.q.complete, key.Scope, key.ID, status, data, rec.attempt)
+	commit := b.Queue("COMMIT")
+	var tag pgconn.CommandTag
+	commit.Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return Result[T]{}, commitError(err)
+	}
+	if tag.String() != "COMMIT" {
+		return Result[T]{}, fmt.Errorf("idem: commit: %w", pgx.ErrTxCommitRollback)
+	}
+	if status == StatusFailed {
+		return res, *failure
+	}
+	return res, nil
+}
+
+// commitError classifies an error from a batch or command that carried
+// COMMIT: a server error or an unsent request means nothing committed; any
+// other failure leaves the outcome unknown.
+func commitError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
+		return fmt.Errorf("idem: commit: %w", err)
+	}
+	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+}
+
+// replay turns an existing record into the call's result.
+func replay[T any](rec record, cfg *config) (Result[T], error) {
+	switch rec.status {
+	case StatusSucceeded:
+		v, err := decodeValue[T](cfg.codec, rec.response)
+		if err != nil {
+			return Result[T]{}, err
+		}
+		return Result[T]{Value: v, Replayed: true}, nil
+	case StatusFailed:
+		return Result[T]{Replayed: true}, &PermanentError{Err: &RecordedError{Message: string(rec.response)}}
+	case StatusProcessing:
+		return Result[T]{}, ErrInProgress
+	default:
+		return Result[T]{}, fmt.Errorf("idem: record has unexpected status %q", rec.status)
+	}
+}
+
+// beginOn asks claimer.claim to begin the transaction on conn in the same
+// round trip as the claim.
+type beginOn struct {
+	conn *pgx.Conn
+	opts pgx.TxOptions
+}
+
+// claimer runs the claim protocol for one key on one transaction.
+type claimer struct {
+	tx        pgx.Tx
+	q         *queries
+	cfg       *config
+	key       Key
+	savepoint bool // leave savepoint spFn open after a successful claim
+}
+
+// claim claims c.key. It returns the claimed record, or the existing record
+// (succeeded, failed, or processing under a live lease) to replay. Errors are
+// ErrInProgress, ErrKeyReused, or database errors. With begin set, the first
+// round trip also begins c.tx on begin.conn.
+func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
+	for try := 0; try < maxClaimTries; try++ {
+		rec, found, err := c.insert(ctx, begin)
+		begin = nil
+		if err != nil || rec.claimed {
+			return rec, err
+		}
+		if !found {
+			continue // the record vanished (purged) after the conflict: claim again
+		}
+		if !bytesEqual(rec.fingerprint, c.key.Fingerprint) {
+			return rec, ErrKeyReused
+		}
+		if !rec.takeable() {
+			if rec.status == StatusProcessing {
+				return rec, ErrInProgress
+			}
+			return rec, nil
+		}
+		taken, err := c.takeover(ctx, &rec)
+		if err != nil || taken {
+			return rec, err
+		}
+		if c.cfg.noWait {
+			// Another transaction is taking the record over right now, or
+			// has just done so: look once more, without waiting.
+			if rec, found, err = c.read(ctx); err != nil {
+				return rec, err
+			}
+			switch {
+			case !found:
+				continue
+			case !bytesEqual(rec.fingerprint, c.key.Fingerprint):
+				return rec, ErrKeyReused
+			case rec.takeable() || rec.status == StatusProcessing:
+				return rec, ErrInProgress
+			default:
+				return rec, nil
+			}
+		}
+	}
+	return record{}, fmt.Errorf("idem: could not claim the key after %d tries (records vanishing under concurrent purges or takeovers)", maxClaimTries)
+}
+
+func (c *claimer) claimArgs() []any {
+	return []any{c.key.Scope, c.key.ID, nonNilFingerprint(c.key.Fingerprint), c.cfg.ttl.Microseconds()}
+}
+
+// insert runs the claim INSERT. When it conflicts with a record committed
+// before the statement started, that record is returned (found); when it
+// conflicts with one committed while the statement waited, the record is read
+// in a second statement. found is false only when the record vanished.
+func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found bool, err error) {
+	b := &pgx.Batch{}
+	if begin != nil {
+		b.BeginTx(begin.opts)
+	}
+	var oldTimeout string
+	if c.cfg.noWait {
+		if begin == nil {
+			b.Queue("SAVEPOINT " + spClaim)
+		}
+		b.Queue(c.q.saveLockTimeout).QueryRow(func(r pgx.Row) error { return r.Scan(&oldTimeout) })
+		b.Queue(c.q.setLockTimeout, noWaitLockTimeout)
+	}
+	b.Queue(c.q.claim, c.claimArgs()...).QueryRow(func(r pgx.Row) error {
+		err := r.Scan(rec.scanTargets(true)...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		found = err == nil
+		return err
+	})
+	if c.savepoint && !c.cfg.noWait {
+		b.Queue("SAVEPOINT " + spFn)
+	}
+
+	var br pgx.BatchResults
+	if begin != nil {
+		br = begin.conn.SendBatch(ctx, b)
+		c.tx = br.Tx()
+	} else {
+		br = c.tx.SendBatch(ctx, b)
+	}
+	if err = br.Close(); err != nil {
+		if c.cfg.noWait && pgCode(err) == sqlstateLockNotAvailable {
+			if begin == nil {
+				// Undo the claim attempt and the lock_timeout change together.
+				if rerr := rollbackTo(ctx, c.tx, spClaim); rerr != nil {
+					return rec, false, errors.Join(ErrInProgress, rerr)
+				}
+			}
+			return rec, false, ErrInProgress
+		}
+		if pgCode(err) == sqlstateLockNotAvailable {
+			// The caller's own lock_timeout ended the wait.
+			return rec, false, fmt.Errorf("%w: %w", ErrInProgress, err)
+		}
+		return rec, false, err
+	}
+
+	// Second round trip when needed: restore lock_timeout, settle the
+	// savepoints, read a record committed while the claim waited.
+	b = &pgx.Batch{}
+	if c.cfg.noWait {
+		b.Queue(c.q.setLockTimeout, oldTimeout)
+		if begin == nil {
+			b.Queue("RELEASE SAVEPOINT " + spClaim)
+		}
+		if rec.claimed && c.savepoint {
+			b.Queue("SAVEPOINT " + spFn)
+		}
+	} else if !rec.claimed && c.savepoint {
+		b.Queue("RELEASE SAVEPOINT " + spFn)
+	}
+	if !rec.claimed && !found {
+		c.queueRead(b, &rec, &found)
+	}
+	if b.Len() > 0 {
+		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+			return rec, false, err
+		}
+	}
+	return rec, found || rec.claimed, nil
+}
+
+func (c *claimer) queueRead(b *pgx.Batch, rec *record, found *bool) {
+	b.Queue(c.q.read, c.key.Scope, c.key.ID).QueryRow(func(r pgx.Row) error {
+		err := r.Scan(rec.scanTargets(false)...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			*found = false
+			return nil
+		}
+		*found = err == nil
+		return err
+	})
+}
+
+func (c *claimer) read(ctx context.Context) (rec record, found bool, err error) {
+	b := &pgx.Batch{}
+	c.queueRead(b, &rec, &found)
+	err = c.tx.SendBatch(ctx, b).Close()
+	return rec, found, err
+}
+
+// takeover re-claims an expired or orphaned record. It reports false when the
+// record was no longer takeable (someone else took it, or it was purged), or,
+// in no-wait mode, when another transaction holds its row lock.
+func (c *claimer) takeover(ctx context.Context, rec *record) (bool, error) {
+	query := c.q.takeover
+	if c.cfg.noWait {
+		query = c.q.takeoverNoWait
+	}
+	args := append(c.claimArgs(), rec.attempt)
+	b := &pgx.Batch{}
+	var attempt int32
+	taken := false
+	b.Queue(query, args...).QueryRow(func(r pgx.Row) error {
+		err := r.Scan(&attempt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		taken = err == nil
+		return err
+	})
+	if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+		return false, err
+	}
+	if !taken {
+		return false, nil
+	}
+	if c.savepoint {
+		if _, err := c.tx.Exec(ctx, "SAVEPOINT "+spFn); err != nil {
+			return false, err
+		}
+	}
+	*rec = record{claimed: true, attempt: attempt, status: StatusProcessing}
+	return true, nil
+}
+
+// abandon undoes a claimed execution inside the caller's transaction: fn's
+// writes are rolled back to the savepoint and the claim is deleted.
+func (c *claimer) abandon(ctx context.Context, attempt int32) error {
+	ctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	err := rollbackTo(ctx, c.tx, spFn)
+	if err == nil {
+		_, err = c.tx.Exec(ctx, c.q.release, c.key.Scope, c.key.ID, attempt)
+	}
+	if err != nil {
+		return fmt.Errorf("idem: removing the claim after fn failed (roll the transaction back): %w", err)
+	}
+	return nil
+}
+
+// rollbackTo rolls back to the named savepoint and releases it. It goes as
+// one simple-protocol message: in an aborted transaction the server refuses
+// to prepare any statement but a rollback, so it cannot share a batch with
+// the statements that follow.
+func rollbackTo(ctx context.Context, tx pgx.Tx, savepoint string) error {
+	_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint+"; RELEASE SAVEPOINT "+savepoint)
+	return err
+}
+
+// callFn runs fn, turning a panic into a value so the caller can clean up
+// before re-raising it.
+func callFn[T any](ctx context.Context, tx pgx.Tx, fn func(context.Context, pgx.Tx) (T, error)) (v T, err error, panicked any) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = p
+		}
+	}()
+	v, err = fn(ctx, tx)
+	return v, err, nil
+}
+
+// rollback rolls tx back even when ctx was cancelled.
+func rollback(ctx context.Context, tx pgx.Tx) error {
+	ctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	return tx.Rollback(ctx)
+}
+
+// cleanupTimeout bounds the statements that undo work after fn failed.
+const cleanupTimeout = 10 * time.Second
+
+// cleanupContext keeps ctx's values but not its cancellation, so that work
+// can still be undone after ctx was cancelled.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}
+
+func backoff(p RetryPolicy, retry int) time.Duration {
+	d := p.BaseDelay << min(retry, 30)
+	if d <= 0 || d > p.MaxDelay {
+		d = p.MaxDelay
+	}
+	return rand.N(d + 1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
+
+// nonNilFingerprint stores "no fingerprint" as an empty bytea, so that nil and
+// empty compare equal on replay.
+func nonNilFingerprint(f []byte) []byte {
+	if f == nil {
+		return []byte{}
+	}
+	return f
+}
