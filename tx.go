@@ -214,6 +214,9 @@ func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
 	if err != nil && !(IsPermanent(err) && !res.Replayed) {
 		return res, err
 	}
+	if c := tx.Conn(); c != nil && c.IsClosed() {
+		return Result[T]{}, fmt.Errorf("idem: connection closed before commit: %w", pgconn.ErrConnClosed)
+	}
 	if cerr := tx.Commit(ctx); cerr != nil {
 		return Result[T]{}, commitError(cerr)
 	}
@@ -278,6 +281,9 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 		res.Value = v
 	}
 
+	if conn.IsClosed() {
+		return Result[T]{}, fmt.Errorf("idem: connection closed before commit: %w", pgconn.ErrConnClosed)
+	}
 	b := &pgx.Batch{}
 	b.Queue(c.q.complete, key.Scope, key.ID, status, data, rec.attempt)
 	commit := b.Queue("COMMIT")
@@ -296,11 +302,14 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 }
 
 // commitError classifies an error from a batch or command that carried
-// COMMIT: a server error or an unsent request means nothing committed; any
-// other failure leaves the outcome unknown.
+// COMMIT on a connection that was open when it was sent: a server error, or a
+// request that never left (a context done beforehand), means nothing
+// committed; any other failure leaves the outcome unknown. "conn closed" is
+// unknown too: it is what the rest of a batch reports once a read failure
+// closed the connection mid-batch.
 func commitError(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
+	if errors.As(err, &pgErr) || (pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)) {
 		return fmt.Errorf("idem: commit: %w", err)
 	}
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)

@@ -1,0 +1,96 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// A sign-up submitted twice (a double click, a retry after a timeout) is
+// written once; the second submission gets the first one's result.
+func ExampleWithIdempotency() {
+	ctx := context.Background()
+	pool := examplePool("with_idempotency")
+	defer pool.Close()
+
+	key := idem.Key{Scope: "user:42", ID: "form-7f3c9a"} // made when the form opened
+	signup := func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		var id int64
+		err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 7) RETURNING id`).Scan(&id)
+		return id, err
+	}
+	for range 2 {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			panic(err)
+		}
+		res, err := idem.WithIdempotency(ctx, tx, key, signup)
+		if err != nil {
+			panic(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			panic(err)
+		}
+		fmt.Printf("sign-up %d, replayed: %v\n", res.Value, res.Replayed)
+	}
+	var rows int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM signups`).Scan(&rows)
+	fmt.Println("rows:", rows)
+	// Output:
+	// sign-up 1, replayed: false
+	// sign-up 1, replayed: true
+	// rows: 1
+}
+
+// Do owns the transaction: it begins, claims the key, runs fn, records the
+// result and commits, retrying serialization failures.
+func ExampleDo() {
+	ctx := context.Background()
+	pool := examplePool("do")
+	defer pool.Close()
+
+	type receipt struct {
+		SignupID int64  `json:"signup_id"`
+		Message  string `json:"message"`
+	}
+	key := idem.Key{Scope: "user:42", ID: "form-0b1d2e"}
+	for range 3 {
+		res, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 8) RETURNING id`).Scan(&id)
+			return receipt{SignupID: id, Message: "you are in"}, err
+		}, idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.Serializable}))
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%+v replayed=%v\n", res.Value, res.Replayed)
+	}
+	// Output:
+	// {SignupID:1 Message:you are in} replayed=false
+	// {SignupID:1 Message:you are in} replayed=true
+	// {SignupID:1 Message:you are in} replayed=true
+}
+
+// A business refusal is recorded with Permanent: repeats get the same answer
+// without running fn again.
+func ExamplePermanent() {
+	ctx := context.Background()
+	pool := examplePool("permanent")
+	defer pool.Close()
+
+	errFull := errors.New("activity is full")
+	key := idem.Key{Scope: "user:43", ID: "form-55aa"}
+	for range 2 {
+		res, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			return 0, idem.Permanent(errFull)
+		})
+		fmt.Printf("error: %v, permanent: %v, replayed: %v\n", err, idem.IsPermanent(err), res.Replayed)
+	}
+	// Output:
+	// error: activity is full, permanent: true, replayed: false
+	// error: activity is full, permanent: true, replayed: true
+}

@@ -1,0 +1,290 @@
+package integration_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/integration/internal/pgtest"
+)
+
+// tracer counts round trips (queries and batches) and can run a hook before
+// a batch is sent.
+type tracer struct {
+	trips       atomic.Int64
+	beforeBatch func(b *pgx.Batch)
+}
+
+func (tr *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	tr.trips.Add(1)
+	return ctx
+}
+func (tr *tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (tr *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	tr.trips.Add(1)
+	if tr.beforeBatch != nil {
+		tr.beforeBatch(d.Batch)
+	}
+	return ctx
+}
+func (tr *tracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (tr *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestDoCostsTheRoundTripsOfABareTransaction checks the pipelining: a first
+// execution through Do takes as many round trips as BEGIN, one INSERT and
+// COMMIT sent one by one.
+func TestDoCostsTheRoundTripsOfABareTransaction(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	tr := &tracer{}
+	conn := pgtest.Conn(t, func(c *pgx.ConnConfig) { c.Tracer = tr })
+	ctx := context.Background()
+	insert := func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO `+s.Effects+` (scope, key, value) VALUES ('s', 'k', 'v')`)
+		return 1, err
+	}
+	bare := func() {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		_, err = insert(ctx, tx)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	// Warm the statement caches first.
+	bare()
+	_, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "warm"}, insert, s.Opt)
+	require.NoError(t, err)
+	_, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "warm"}, insert, s.Opt)
+	require.NoError(t, err)
+
+	tr.trips.Store(0)
+	bare()
+	bareTrips := tr.trips.Load()
+
+	tr.trips.Store(0)
+	res, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "k1"}, insert, s.Opt)
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, bareTrips, tr.trips.Load(), "a first execution costs what a bare transaction costs")
+
+	tr.trips.Store(0)
+	res, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "k1"}, insert, s.Opt)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.EqualValues(t, 2, tr.trips.Load(), "a replay costs two round trips")
+}
+
+// TestCompletionIsAHOTUpdate checks that the fillfactor and the choice of
+// columns let the completion UPDATE stay on its page.
+func TestCompletionIsAHOTUpdate(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	for i := range 20 {
+		key := idem.Key{Scope: "s", ID: fmt.Sprint(i)}
+		_, err := idem.WithIdempotency(ctx, tx, key, func(context.Context, pgx.Tx) (string, error) {
+			return strings.Repeat("x", 200), nil
+		}, s.Opt)
+		require.NoError(t, err)
+	}
+	var updates, hot int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relid = $1::regclass`,
+		s.Records).Scan(&updates, &hot))
+	require.Equal(t, 20, updates)
+	require.Equal(t, 20, hot, "every completion is a HOT update")
+}
+
+// TestRecordVanishingAfterTheConflictIsClaimedAgain deletes the record (as a
+// purge would) between the claim's conflict and the read of the record.
+func TestRecordVanishingAfterTheConflictIsClaimedAgain(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	key := newKey(t)
+	var deleted atomic.Bool
+	tr := &tracer{beforeBatch: func(b *pgx.Batch) {
+		for _, q := range b.QueuedQueries {
+			if strings.HasPrefix(q.SQL, "SELECT attempt, status") && deleted.CompareAndSwap(false, true) {
+				_, err := pool.Exec(ctx, `DELETE FROM `+s.Records+` WHERE scope = $1 AND key = $2`, key.Scope, key.ID)
+				require.NoError(t, err)
+			}
+		}
+	}}
+	conn := pgtest.Conn(t, func(c *pgx.ConnConfig) { c.Tracer = tr })
+
+	// A holds the key uncommitted; B's claim waits on it.
+	txA, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer txA.Rollback(ctx) //nolint:errcheck
+	_, err = txA.Exec(ctx, `INSERT INTO `+s.Records+` (scope, key, fingerprint, status, response, expires_at)
+		VALUES ($1, $2, '', 'succeeded', '"from A"', now() + interval '1 hour')`, key.Scope, key.ID)
+	require.NoError(t, err)
+
+	type out struct {
+		res idem.Result[string]
+		err error
+	}
+	done := make(chan out, 1)
+	var runs atomic.Int64
+	go func() {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			done <- out{err: err}
+			return
+		}
+		res, err := idem.WithIdempotency(ctx, tx, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+			runs.Add(1)
+			return "from B", s.AddEffect(ctx, tx, key, "B")
+		}, s.Opt)
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		done <- out{res, err}
+	}()
+	waitForLockWait(t, pool)
+	require.NoError(t, txA.Commit(ctx))
+	o := <-done
+	require.NoError(t, o.err)
+	require.True(t, deleted.Load(), "the record was deleted between the conflict and the read")
+	require.False(t, o.res.Replayed)
+	require.Equal(t, "from B", o.res.Value, "never an empty result")
+	require.EqualValues(t, 1, runs.Load())
+	require.Equal(t, idem.StatusSucceeded, s.ReadRecord(t, pool, key).Status)
+}
+
+// commitCutter is a TCP proxy in front of PostgreSQL that, once armed, cuts
+// the connection right after forwarding a client message carrying COMMIT.
+type commitCutter struct {
+	ln     net.Listener
+	target func() (net.Conn, error)
+	armed  atomic.Bool
+	cuts   atomic.Int64
+	wg     sync.WaitGroup
+}
+
+func newCommitCutter(t *testing.T) *commitCutter {
+	cfg, err := pgconn.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &commitCutter{ln: ln, target: func() (net.Conn, error) {
+		if strings.HasPrefix(cfg.Host, "/") {
+			return net.Dial("unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port))
+		}
+		return net.Dial("tcp", net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
+	}}
+	p.wg.Go(p.serve)
+	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *commitCutter) serve() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := p.target()
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.wg.Go(func() { _, _ = io.Copy(client, server); client.Close() })
+		p.wg.Go(func() {
+			defer server.Close()
+			defer client.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+					if p.armed.Load() && bytes.Contains(buf[:n], []byte("COMMIT")) {
+						p.cuts.Add(1)
+						return // cut both sides before any answer comes back
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+}
+
+func (p *commitCutter) url(t *testing.T) string {
+	cfg, err := pgconn.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cfg.User, p.ln.Addr(), cfg.Database)
+}
+
+// TestConnectionLostDuringCommit cuts the connection while COMMIT is in
+// flight: Do must say the outcome is unknown, and a retry with the same key
+// must settle it with exactly one effect.
+func TestConnectionLostDuringCommit(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	proxy := newCommitCutter(t)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(proxy.url(t))
+	require.NoError(t, err)
+	cfg.Password = mustConfig(t).Password
+	// Send the SQL text with every execution so the proxy can see COMMIT.
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+
+	c := &counter{s: s}
+	key := newKey(t)
+	proxy.armed.Store(true)
+	_, err = idem.Do(ctx, conn, key, c.fn(key), s.Opt)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.EqualValues(t, 1, proxy.cuts.Load())
+	proxy.armed.Store(false)
+
+	res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt)
+	require.NoError(t, err)
+	require.Equal(t, 1, s.CountEffects(t, pool, key), "the retry settles on exactly one effect")
+	if res.Replayed {
+		require.EqualValues(t, 1, c.runs.Load(), "the cut COMMIT had committed: the retry replays")
+	} else {
+		require.EqualValues(t, 2, c.runs.Load(), "the cut COMMIT had not committed: the retry runs fn")
+	}
+	t.Logf("after the cut, the retry replayed: %v", res.Replayed)
+}
+
+func mustConfig(t *testing.T) *pgconn.Config {
+	cfg, err := pgconn.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	return cfg
+}
+
+// TestErrorsMatchSentinels keeps the wrapped errors usable with errors.Is.
+func TestErrorsMatchSentinels(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	_, err := idem.Do(context.Background(), pool, idem.Key{Scope: "s", ID: "k"},
+		func(context.Context, pgx.Tx) (int, error) { return 0, nil }, s.Opt, idem.WithTTL(-1))
+	require.ErrorIs(t, err, idem.ErrInvalidOption)
+	_, err = idem.Do(context.Background(), pool, idem.Key{Scope: "s", ID: "k"},
+		func(context.Context, pgx.Tx) (int, error) { return 0, nil }, idem.WithTable("", `x"; DROP TABLE y; --`))
+	require.ErrorIs(t, err, idem.ErrInvalidOption)
+	require.False(t, errors.Is(err, idem.ErrInvalidKey))
+}

@@ -1,0 +1,106 @@
+package integration_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/integration/internal/pgtest"
+	"github.com/idemkit/idem/migrations"
+)
+
+func tableExists(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, schema, table string) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, db.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT FROM pg_tables WHERE schemaname = $1 AND tablename = $2)`, schema, table).Scan(&ok))
+	return ok
+}
+
+func TestMigrationsUpDownUp(t *testing.T) {
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	schema := "idem_mig_updownup"
+	_, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	})
+	opt := migrations.WithTable(schema, "keys")
+
+	require.NoError(t, migrations.Up(ctx, pool, opt))
+	require.True(t, tableExists(t, pool, schema, "keys"))
+	require.True(t, tableExists(t, pool, schema, "keys_schema_migrations"), "its own version table")
+	require.False(t, tableExists(t, pool, schema, "schema_migrations"), "never the application's")
+	v, dirty, err := migrations.Version(ctx, pool, opt)
+	require.NoError(t, err)
+	require.False(t, dirty)
+	require.EqualValues(t, 1, v)
+
+	// The table has the promised shape.
+	var reloptions []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT reloptions FROM pg_class WHERE oid = $1::regclass`,
+		pgx.Identifier{schema, "keys"}.Sanitize()).Scan(&reloptions))
+	require.Contains(t, reloptions, "fillfactor=70")
+	var indexes []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(indexdef ORDER BY indexname) FROM pg_indexes WHERE schemaname = $1 AND tablename = 'keys'`,
+		schema).Scan(&indexes))
+	require.Len(t, indexes, 2)
+	require.Contains(t, indexes[0], "(expires_at)")
+	require.Contains(t, indexes[1], "keys_pkey")
+	require.Contains(t, indexes[1], "UNIQUE")
+	require.Contains(t, indexes[1], "(scope, key)")
+
+	// Up again is no change, not an error.
+	require.NoError(t, migrations.Up(ctx, pool, opt))
+
+	// The table works with idem under the same names.
+	res, err := idem.Do(ctx, pool, idem.Key{Scope: "s", ID: "k"}, func(context.Context, pgx.Tx) (int, error) { return 42, nil },
+		idem.WithTable(schema, "keys"))
+	require.NoError(t, err)
+	require.Equal(t, 42, res.Value)
+
+	require.NoError(t, migrations.Down(ctx, pool, opt))
+	require.False(t, tableExists(t, pool, schema, "keys"))
+	require.NoError(t, migrations.Down(ctx, pool, opt), "down again is no change")
+	v, _, err = migrations.Version(ctx, pool, opt)
+	require.NoError(t, err)
+	require.EqualValues(t, 0, v)
+
+	require.NoError(t, migrations.Up(ctx, pool, opt))
+	require.True(t, tableExists(t, pool, schema, "keys"))
+
+	// The pool is still open and usable.
+	require.NoError(t, pool.Ping(ctx))
+}
+
+func TestMigrationsOnAConnLeaveItOpen(t *testing.T) {
+	pool := pgtest.Pool(t)
+	conn := pgtest.Conn(t)
+	ctx := context.Background()
+	schema := "idem_mig_conn"
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+	})
+	opt := migrations.WithTable(schema, idem.DefaultTable)
+	require.NoError(t, migrations.Up(ctx, conn, opt))
+	require.False(t, conn.IsClosed())
+	require.NoError(t, conn.Ping(ctx))
+	require.True(t, tableExists(t, conn, schema, idem.DefaultTable))
+	require.True(t, tableExists(t, conn, schema, idem.DefaultTable+"_schema_migrations"))
+}
+
+func TestMigrationsRejectBadInput(t *testing.T) {
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	require.ErrorIs(t, migrations.Up(ctx, pool, migrations.WithTable("", `bad"name`)), idem.ErrInvalidOption)
+	require.ErrorIs(t, migrations.Up(ctx, pool, migrations.WithTable("1schema", "t")), idem.ErrInvalidOption)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, migrations.Up(cancelled, pool), context.Canceled)
+}
