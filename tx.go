@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/knobs"
 )
 
 // Result is what a call with an idempotency key produced.
@@ -232,7 +234,14 @@ func withConfig(src *config) Option {
 func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error) (res Result[T], err error) {
 	c := claimer{q: cfg.queries(), cfg: cfg, key: key}
-	rec, err := c.claim(ctx, &beginOn{conn: conn, opts: cfg.txOptions})
+	begin := &beginOn{conn: conn, opts: cfg.txOptions}
+	if knobs.UnpipelinedBegin.Load() {
+		if c.tx, err = conn.BeginTx(ctx, cfg.txOptions); err != nil {
+			return res, err
+		}
+		begin = nil
+	}
+	rec, err := c.claim(ctx, begin)
 	tx := c.tx
 	defer func() {
 		// Every path that does not commit ends the transaction here. A
