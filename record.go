@@ -78,8 +78,8 @@ const DefaultTable = "idempotent_record"
 
 // queries are the statements for one record table.
 type queries struct {
-	// claim inserts a processing record or, when the key exists and was
-	// committed before the statement started, returns that record.
+	// claim inserts a processing record; it returns no row when the key
+	// exists (after waiting for an uncommitted holder to finish).
 	claim string
 	// read returns the record of a key.
 	read string
@@ -124,17 +124,10 @@ func buildQueries(t string) *queries {
 	const takeable = `(expires_at <= clock_timestamp()
 	OR (status = 'processing' AND (locked_until IS NULL OR locked_until <= clock_timestamp())))`
 	return &queries{
-		claim: `WITH claim AS (
-	INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
+		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
 	VALUES ($1, $2, $3, 'processing', 1, now(), now(), ` + ttlExpr + `)
 	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING attempt
-)
-SELECT true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false FROM claim
-UNION ALL
-SELECT false, ` + recordColumns + `
-FROM ` + t + `
-WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM claim)`,
+	RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false`,
 
 		read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 

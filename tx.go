@@ -233,7 +233,7 @@ func withConfig(src *config) Option {
 // doOnConn is Do on one connection, with BEGIN and COMMIT pipelined.
 func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error) (res Result[T], err error) {
-	c := claimer{q: cfg.queries(), cfg: cfg, key: key}
+	c := claimer{q: cfg.queries(), cfg: cfg, key: key, endOnReplay: true}
 	begin := &beginOn{conn: conn, opts: cfg.txOptions}
 	if knobs.UnpipelinedBegin.Load() {
 		if c.tx, err = conn.BeginTx(ctx, cfg.txOptions); err != nil {
@@ -356,6 +356,17 @@ type claimer struct {
 	cfg       *config
 	key       Key
 	savepoint bool // leave savepoint spFn open after a successful claim
+
+	// endOnReplay (Do only) sends ROLLBACK with the read that follows a
+	// conflict, so that a replay costs two round trips; ended reports that
+	// it did.
+	endOnReplay, ended bool
+}
+
+// final reports whether an existing record decides the call without a
+// transaction: it is replayed, or answers ErrKeyReused or ErrInProgress.
+func (c *claimer) final(rec *record) bool {
+	return !bytesEqual(rec.fingerprint, c.key.Fingerprint) || !rec.takeable()
 }
 
 // claim claims c.key. It returns the claimed record, or the existing record
@@ -363,11 +374,25 @@ type claimer struct {
 // ErrInProgress, ErrKeyReused, or database errors. With begin set, the first
 // round trip also begins c.tx on begin.conn.
 func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
+	restart := begin
+	if restart == nil {
+		c.endOnReplay = false // the transaction is not ours to end and begin again
+	}
 	for try := 0; try < maxClaimTries; try++ {
 		rec, found, err := c.insert(ctx, begin)
 		begin = nil
 		if err != nil || rec.claimed {
 			return rec, err
+		}
+		if c.ended {
+			// Do's transaction is over already. Most conflicts are replays
+			// and end here; a record to take over, or one that vanished,
+			// needs a new transaction that stays open after the read.
+			c.ended, c.endOnReplay = false, false
+			if !found || !c.final(&rec) {
+				begin = restart
+				continue
+			}
 		}
 		if !found {
 			continue // the record vanished (purged) after the conflict: claim again
@@ -479,6 +504,10 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 	}
 	if !rec.claimed && !found {
 		c.queueRead(b, &rec, &found)
+		if c.endOnReplay {
+			b.Queue("ROLLBACK")
+			c.ended = true
+		}
 	}
 	if b.Len() > 0 {
 		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {

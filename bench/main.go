@@ -1,0 +1,300 @@
+// Command bench measures what idem costs against a bare pgx transaction, in
+// one process, on one database, in interleaved rounds.
+//
+//	go run ./bench                      # 16 workers, 5 rounds of 3s per variant
+//	go run ./bench -workers 1,16,64 -rounds 7 -duration 5s -markdown out.md
+//
+// Each operation inserts one business row. The variants:
+//
+//	bare             BEGIN; INSERT; COMMIT with pgx, one statement per round trip
+//	Do               idem.Do: BEGIN+claim pipelined, INSERT, completion+COMMIT pipelined
+//	Do/end-only      idem.Do with BEGIN sent on its own (only the end pipelined)
+//	WithIdempotency  BEGIN; idem.WithIdempotency (claim, savepoint, INSERT, completion); COMMIT
+//
+// Every key is new (no duplicates). Rounds rotate the order of the variants,
+// and the report gives each variant's median throughput and the median of its
+// per-round ratios to bare, because this machine is noisy.
+//
+// It connects with DATABASE_URL or the PG* defaults, works in a schema of its
+// own (idem_bench) and drops it at the end.
+package main
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/knobs"
+	"github.com/idemkit/idem/migrations"
+)
+
+const schema = "idem_bench"
+
+type variant struct {
+	name string
+	op   func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error
+}
+
+func insertRow(ctx context.Context, tx pgx.Tx) (int64, error) {
+	var id int64
+	err := tx.QueryRow(ctx, `INSERT INTO idem_bench.orders (user_id, amount) VALUES ($1, $2) RETURNING id`, 42, 999).Scan(&id)
+	return id, err
+}
+
+var tableOpt = idem.WithTable(schema, idem.DefaultTable)
+
+var variants = []variant{
+	{"bare", func(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := insertRow(ctx, tx); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}},
+	{"Do", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
+		return err
+	}},
+	{"Do/end-only", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
+		return err
+	}},
+	{"WithIdempotency", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := idem.WithIdempotency(ctx, tx, key, insertRow, tableOpt); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}},
+}
+
+type sample struct {
+	ops      int64
+	elapsed  time.Duration
+	p50, p99 time.Duration
+	cpu      time.Duration // this process's CPU time (user+system) during the run
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func (s sample) throughput() float64 { return float64(s.ops) / s.elapsed.Seconds() }
+
+var keySeq atomic.Int64
+
+func measure(ctx context.Context, pool *pgxpool.Pool, v variant, workers int, d time.Duration) (sample, error) {
+	knobs.UnpipelinedBegin.Store(v.name == "Do/end-only")
+	defer knobs.UnpipelinedBegin.Store(false)
+	var (
+		wg       sync.WaitGroup
+		ops      atomic.Int64
+		mu       sync.Mutex
+		lat      []time.Duration
+		firstErr error
+	)
+	stop := time.Now().Add(d)
+	start := time.Now()
+	cpu0 := processCPU()
+	for range workers {
+		wg.Go(func() {
+			local := make([]time.Duration, 0, 4096)
+			for time.Now().Before(stop) {
+				key := idem.Key{Scope: "bench", ID: strconv.FormatInt(keySeq.Add(1), 36)}
+				t0 := time.Now()
+				if err := v.op(ctx, pool, key); err != nil {
+					mu.Lock()
+					firstErr = cmp.Or(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				local = append(local, time.Since(t0))
+				ops.Add(1)
+			}
+			mu.Lock()
+			lat = append(lat, local...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return sample{}, fmt.Errorf("%s: %w", v.name, firstErr)
+	}
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
+	}
+	return sample{ops: ops.Load(), elapsed: time.Since(start), p50: pct(0.50), p99: pct(0.99), cpu: processCPU() - cpu0}, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func medianDur(xs []time.Duration) time.Duration {
+	f := make([]float64, len(xs))
+	for i, x := range xs {
+		f[i] = float64(x)
+	}
+	return time.Duration(median(f))
+}
+
+func main() {
+	workersFlag := flag.String("workers", "16", "comma-separated worker counts")
+	rounds := flag.Int("rounds", 5, "interleaved rounds per worker count")
+	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
+	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
+	markdown := flag.String("markdown", "", "also write the report to this file")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*workersFlag, *rounds, *duration, *warmup, *markdown); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+func run(workersFlag string, rounds int, duration, warmup time.Duration, markdown string) error {
+	var workerCounts []int
+	for _, w := range strings.Split(workersFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(w))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-workers: bad count %q", w)
+		}
+		workerCounts = append(workerCounts, n)
+	}
+	if rounds < 1 || duration <= 0 {
+		return fmt.Errorf("-rounds and -duration must be positive")
+	}
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = int32(slices.Max(workerCounts))
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("cannot reach PostgreSQL (set DATABASE_URL): %w", err)
+	}
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS idem_bench CASCADE`); err != nil {
+		return err
+	}
+	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS idem_bench CASCADE`) //nolint:errcheck
+	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE idem_bench.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		user_id bigint NOT NULL, amount bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return err
+	}
+
+	var version, syncCommit string
+	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit')`).Scan(&version, &syncCommit)
+	var report strings.Builder
+	fmt.Fprintf(&report, "idem bench: %s, %d CPUs, Go %s, PostgreSQL %s (synchronous_commit=%s)\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), version, syncCommit)
+	fmt.Fprintf(&report, "%d interleaved rounds of %v per variant; one INSERT per operation; every key new\n\n", rounds, duration)
+	fmt.Print(report.String())
+
+	for _, workers := range workerCounts {
+		for _, v := range variants { // warm the pool and the statement caches
+			if _, err := measure(ctx, pool, v, workers, warmup); err != nil {
+				return err
+			}
+		}
+		samples := map[string][]sample{}
+		ratios := map[string][]float64{}
+		for r := range rounds {
+			order := slices.Clone(variants)
+			for i := 0; i < r%len(order); i++ { // rotate the order every round
+				order = append(order[1:], order[0])
+			}
+			round := map[string]sample{}
+			for _, v := range order {
+				s, err := measure(ctx, pool, v, workers, duration)
+				if err != nil {
+					return err
+				}
+				round[v.name] = s
+				samples[v.name] = append(samples[v.name], s)
+			}
+			for _, v := range variants {
+				ratios[v.name] = append(ratios[v.name], round[v.name].throughput()/round["bare"].throughput())
+			}
+			fmt.Fprintf(os.Stderr, "  workers=%d round %d/%d done\n", workers, r+1, rounds)
+		}
+		var table strings.Builder
+		fmt.Fprintf(&table, "workers=%d\n\n", workers)
+		fmt.Fprintf(&table, "| variant | ops/s (median) | ratio to bare (median of rounds) | ratio range | p50 | p99 | client CPU/op |\n")
+		fmt.Fprintf(&table, "|---|---:|---:|---|---:|---:|---:|\n")
+		for _, v := range variants {
+			var tps []float64
+			var p50s, p99s, cpus []time.Duration
+			for _, s := range samples[v.name] {
+				tps = append(tps, s.throughput())
+				p50s = append(p50s, s.p50)
+				p99s = append(p99s, s.p99)
+				cpus = append(cpus, s.cpu/time.Duration(max(s.ops, 1)))
+			}
+			fmt.Fprintf(&table, "| %s | %.0f | %.2f | %.2f-%.2f | %v | %v | %v |\n", v.name, median(tps), median(ratios[v.name]),
+				slices.Min(ratios[v.name]), slices.Max(ratios[v.name]),
+				medianDur(p50s).Round(10*time.Microsecond), medianDur(p99s).Round(10*time.Microsecond), medianDur(cpus).Round(time.Microsecond))
+		}
+		fmt.Fprintln(&table)
+		fmt.Print(table.String())
+		report.WriteString(table.String())
+	}
+	if markdown != "" {
+		return os.WriteFile(markdown, []byte(report.String()), 0o644)
+	}
+	return nil
+}

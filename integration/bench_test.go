@@ -1,0 +1,75 @@
+package integration_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/integration/internal/pgtest"
+)
+
+// Benchmarks of one operation on one connection, for allocations
+// (go test -run '^$' -bench . -benchmem ./integration/). The side-by-side
+// throughput comparison is the bench command (go run ./bench).
+func BenchmarkOneInsert(b *testing.B) {
+	pool := pgtest.Pool(b)
+	s := pgtest.NewSchema(b, pool)
+	conn := pgtest.Conn(b)
+	ctx := context.Background()
+	insert := func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO `+s.Effects+` (scope, key, value) VALUES ('s', 'k', 'v')`)
+		return 1, err
+	}
+	b.Run("bare", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := insert(ctx, tx); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	n := 0
+	b.Run("Do", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n++
+			if _, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: strconv.Itoa(n)}, insert, s.Opt); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("WithIdempotency", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n++
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := idem.WithIdempotency(ctx, tx, idem.Key{Scope: "s", ID: strconv.Itoa(n)}, insert, s.Opt); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Do/replay", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "1"}, insert, s.Opt); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
