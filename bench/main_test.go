@@ -1,0 +1,32 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A one-round smoke run of the bench command: it must work end to end and
+// write its report. It measures nothing worth reading.
+func TestBenchSmoke(t *testing.T) {
+	url := os.Getenv("TEST_DATABASE_URL")
+	if url == "" {
+		t.Fatal("TEST_DATABASE_URL is not set: point it at a PostgreSQL database (see README.md)")
+	}
+	t.Setenv("DATABASE_URL", url)
+	out := filepath.Join(t.TempDir(), "report.md")
+	if err := run("2", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range variants {
+		if !strings.Contains(string(report), "| "+v.name+" |") {
+			t.Errorf("the report has no row for %s:\n%s", v.name, report)
+		}
+	}
+}
