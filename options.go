@@ -20,8 +20,7 @@ type config struct {
 	ttl       time.Duration
 	noWait    bool
 	codec     Codec
-	schema    string
-	table     string
+	q         *queries // the record table's statements
 	txOptions pgx.TxOptions
 	retry     RetryPolicy
 	err       error
@@ -63,13 +62,16 @@ func WithCodec(codec Codec) Option {
 // starting with a digit; table at most 48 bytes, schema at most 63) and are
 // always quoted in SQL. migrations.Up creates the table under the same names.
 func WithTable(schema, table string) Option {
-	return func(c *config) {
-		if err := ValidateTableName(schema, table); err != nil {
-			c.err = err
-			return
+	// Validate and build the statements once, not on every call.
+	if err := ValidateTableName(schema, table); err != nil {
+		return func(c *config) {
+			if c.err == nil {
+				c.err = err
+			}
 		}
-		c.schema, c.table = schema, table
 	}
+	q := queriesFor(tableIdent(schema, table))
+	return func(c *config) { c.q = q }
 }
 
 // WithTxOptions sets the options of the transaction Do begins (isolation
@@ -124,7 +126,7 @@ func (c *config) fail(format string, args ...any) {
 }
 
 func newConfig(opts []Option) (config, error) {
-	c := config{ttl: DefaultTTL, table: DefaultTable}
+	c := config{ttl: DefaultTTL, q: defaultQueries}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -134,9 +136,7 @@ func newConfig(opts []Option) (config, error) {
 	return c, c.err
 }
 
-func (c *config) queries() *queries {
-	return queriesFor(tableIdent(c.schema, c.table))
-}
+var defaultQueries = queriesFor(tableIdent("", DefaultTable))
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 

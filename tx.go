@@ -84,7 +84,7 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	if err != nil {
 		return zero, err
 	}
-	c := claimer{tx: tx, q: cfg.queries(), cfg: &cfg, key: key, savepoint: true}
+	c := claimer{tx: tx, q: cfg.q, cfg: &cfg, key: key, savepoint: true}
 	rec, err := c.claim(ctx, nil)
 	if err != nil {
 		return zero, err
@@ -112,7 +112,9 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		b.Queue("RELEASE SAVEPOINT " + spFn)
 		b.Queue(c.q.complete, key.Scope, key.ID, StatusSucceeded, data, rec.attempt)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return zero, fmt.Errorf("idem: recording the result: %w", err)
+			// Undo fn's writes too, so that a caller who commits anyway
+			// cannot commit them without their record.
+			return zero, errors.Join(fmt.Errorf("idem: recording the result: %w", err), c.abandon(ctx, rec.attempt))
 		}
 		return Result[T]{Value: v}, nil
 	case IsPermanent(fnErr):
@@ -121,7 +123,8 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 			_, err = tx.Exec(ctx, c.q.complete, key.Scope, key.ID, StatusFailed, []byte(fnErr.Error()), rec.attempt)
 		}
 		if err != nil {
-			return zero, errors.Join(fnErr, fmt.Errorf("idem: recording the failure: %w", err))
+			err = fmt.Errorf("idem: recording the failure: %w", err)
+			return zero, errors.Join(fnErr, err, c.abandon(ctx, rec.attempt))
 		}
 		return zero, fnErr
 	default:
@@ -233,7 +236,7 @@ func withConfig(src *config) Option {
 // doOnConn is Do on one connection, with BEGIN and COMMIT pipelined.
 func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error) (res Result[T], err error) {
-	c := claimer{q: cfg.queries(), cfg: cfg, key: key, endOnReplay: true}
+	c := claimer{q: cfg.q, cfg: cfg, key: key, endOnReplay: true}
 	begin := &beginOn{conn: conn, opts: cfg.txOptions}
 	if knobs.UnpipelinedBegin.Load() {
 		if c.tx, err = conn.BeginTx(ctx, cfg.txOptions); err != nil {

@@ -151,6 +151,8 @@ func TestConcurrentSameKey(t *testing.T) {
 		{name: "Do/wait/serializable", iso: pgx.Serializable},
 		{name: "WithIdempotency/wait", inTx: true},
 		{name: "WithIdempotency/nowait", inTx: true, noWait: true},
+		{name: "WithIdempotency/wait/repeatable-read", inTx: true, iso: pgx.RepeatableRead},
+		{name: "WithIdempotency/wait/serializable", inTx: true, iso: pgx.Serializable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := pgtest.NewSchema(t, pool)
@@ -176,10 +178,18 @@ func TestConcurrentSameKey(t *testing.T) {
 					var res idem.Result[string]
 					var err error
 					if tc.inTx {
-						err = inTx(t, pool, tc.iso, func(tx pgx.Tx) (err error) {
-							res, err = idem.WithIdempotency(ctx, tx, key, c.fn(key), opts...)
-							return err
-						})
+						// Under REPEATABLE READ and SERIALIZABLE the losers get
+						// 40001 and retry the whole transaction, as a caller
+						// must; the retry replays.
+						for {
+							err = inTx(t, pool, tc.iso, func(tx pgx.Tx) (err error) {
+								res, err = idem.WithIdempotency(ctx, tx, key, c.fn(key), opts...)
+								return err
+							})
+							if !idem.IsRetryable(err) || tc.iso == "" || tc.iso == pgx.ReadCommitted {
+								break
+							}
+						}
 					} else {
 						res, err = idem.Do(ctx, pool, key, c.fn(key), opts...)
 					}
@@ -787,4 +797,25 @@ func (upperCodec) Unmarshal(data []byte, v any) error {
 		return errors.New("not written by upperCodec")
 	}
 	return idem.JSONCodec{}.Unmarshal(data[6:], v)
+}
+
+// A context cancelled after fn returned but before the result was recorded:
+// nothing may commit, even for a caller who commits after the error.
+func TestContextCancelledBeforeCompletion(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	key := newKey(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	tx, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background()) //nolint:errcheck
+	_, err = idem.WithIdempotency(ctx, tx, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+		err := s.AddEffect(ctx, tx, key, "x")
+		cancel() // the request is abandoned as fn finishes
+		return "done", err
+	}, s.Opt)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, tx.Commit(context.Background()), "a careless caller commits anyway")
+	require.Nil(t, s.ReadRecord(t, pool, key))
+	require.Equal(t, 0, s.CountEffects(t, pool, key), "fn's writes went with the claim")
 }
