@@ -17,43 +17,65 @@ var errTxOwned = errors.New("idem: fn must not commit or roll back its transacti
 // transaction, refuses Commit and Rollback, and stops working once fn has
 // returned, so a leaked handle cannot touch a connection that went back to a
 // pool.
+//
+// Savepoints fn opens with Begin are guarded the same way (their Commit and
+// Rollback work) and stop with it. Conn and LargeObjects hand out pgx's own
+// objects, which fn must not keep.
 type guardTx struct {
 	tx     pgx.Tx
-	closed bool
+	closed *bool // shared with the savepoints opened through this handle
+	top    bool  // the transaction itself: Commit and Rollback are refused
 }
 
 var _ pgx.Tx = (*guardTx)(nil)
 
+func newGuard(tx pgx.Tx) *guardTx {
+	return &guardTx{tx: tx, closed: new(bool), top: true}
+}
+
+// close ends the handle and every savepoint handle opened through it.
+func (g *guardTx) close() { *g.closed = true }
+
 func (g *guardTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if g.closed {
+	if *g.closed {
 		return nil, pgx.ErrTxClosed
 	}
-	return g.tx.Begin(ctx)
+	sp, err := g.tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &guardTx{tx: sp, closed: g.closed}, nil
 }
 
-func (g *guardTx) Commit(context.Context) error {
-	if g.closed {
+func (g *guardTx) Commit(ctx context.Context) error {
+	if *g.closed {
 		return pgx.ErrTxClosed
 	}
-	return errTxOwned
+	if g.top {
+		return errTxOwned
+	}
+	return g.tx.Commit(ctx)
 }
 
-func (g *guardTx) Rollback(context.Context) error {
-	if g.closed {
+func (g *guardTx) Rollback(ctx context.Context) error {
+	if *g.closed {
 		return pgx.ErrTxClosed
 	}
-	return errTxOwned
+	if g.top {
+		return errTxOwned
+	}
+	return g.tx.Rollback(ctx)
 }
 
 func (g *guardTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if g.closed {
+	if *g.closed {
 		return 0, pgx.ErrTxClosed
 	}
 	return g.tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (g *guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if g.closed {
+	if *g.closed {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
 	return g.tx.SendBatch(ctx, b)
@@ -62,28 +84,28 @@ func (g *guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 func (g *guardTx) LargeObjects() pgx.LargeObjects { return g.tx.LargeObjects() }
 
 func (g *guardTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if g.closed {
+	if *g.closed {
 		return nil, pgx.ErrTxClosed
 	}
 	return g.tx.Prepare(ctx, name, sql)
 }
 
 func (g *guardTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if g.closed {
+	if *g.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	return g.tx.Exec(ctx, sql, args...)
 }
 
 func (g *guardTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if g.closed {
+	if *g.closed {
 		return nil, pgx.ErrTxClosed
 	}
 	return g.tx.Query(ctx, sql, args...)
 }
 
 func (g *guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if g.closed {
+	if *g.closed {
 		return errRow{pgx.ErrTxClosed}
 	}
 	return g.tx.QueryRow(ctx, sql, args...)

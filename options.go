@@ -93,14 +93,14 @@ func WithRetry(p RetryPolicy) Option {
 }
 
 // RetryPolicy bounds Do's retries of serialization failures (40001) and
-// deadlocks (40P01). Each retry sleeps a random duration between zero and
-// min(MaxDelay, BaseDelay * 2^retry) (full jitter).
+// deadlocks (40P01). Retry n (from 1) sleeps a random duration between zero
+// and min(MaxDelay, BaseDelay * 2^n) (full jitter).
 type RetryPolicy struct {
 	// MaxAttempts is the total number of transaction attempts. It defaults
 	// to 10; 1 disables retries.
 	MaxAttempts int
-	// BaseDelay is the backoff before jitter of the first retry. It defaults
-	// to 2ms.
+	// BaseDelay scales the backoff: retry n waits up to BaseDelay * 2^n. It
+	// defaults to 2ms.
 	BaseDelay time.Duration
 	// MaxDelay caps the backoff. It defaults to 250ms.
 	MaxDelay time.Duration

@@ -116,7 +116,9 @@ func queriesFor(table string) *queries {
 }
 
 func buildQueries(t string) *queries {
-	const ttlExpr = `now() + $4::bigint * interval '1 microsecond'`
+	// Expiry counts from the claim (the database clock now, not the start of a
+	// long caller transaction), so a record is never born expired.
+	const ttlExpr = `clock_timestamp() + $4::bigint * interval '1 microsecond'`
 	const takeoverSet = `status = 'processing', fingerprint = $3, response = NULL,
 	attempt = attempt + 1, locked_until = NULL, recovery_point = NULL,
 	created_at = now(), updated_at = now(), expires_at = ` + ttlExpr

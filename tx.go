@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,8 +67,9 @@ const noWaitLockTimeout = "1ms"
 // After ErrInProgress, ErrKeyReused, replays and fn's own errors, tx is still
 // usable, with its settings and savepoints as they were. Under REPEATABLE
 // READ and SERIALIZABLE a concurrent first execution that commits first makes
-// the claim fail with SQLSTATE 40001, returned unchanged (see IsRetryable);
-// such errors, and connection failures, leave tx aborted.
+// the claim fail with SQLSTATE 40001, returned unchanged (see IsRetryable); a
+// lock_timeout of the caller's that ends the wait for the key's holder fails
+// with SQLSTATE 55P03; such errors, and connection failures, leave tx aborted.
 //
 // fn receives tx (behind a guard that refuses Commit and Rollback) and must
 // not commit or roll it back, nor call WithIdempotency with the same key.
@@ -93,9 +95,9 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		return replay[T](rec, &cfg)
 	}
 
-	g := &guardTx{tx: tx}
+	g := newGuard(tx)
 	v, fnErr, panicked := callFn(ctx, g, fn)
-	g.closed = true
+	g.close()
 	switch {
 	case panicked != nil:
 		_ = c.abandon(ctx, rec.attempt)
@@ -108,9 +110,11 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 			}
 			return zero, err
 		}
+		// The savepoint is released after the completion, so that a failed
+		// completion can still be undone with it.
 		b := &pgx.Batch{}
-		b.Queue("RELEASE SAVEPOINT " + spFn)
 		b.Queue(c.q.complete, key.Scope, key.ID, StatusSucceeded, data, rec.attempt)
+		b.Queue("RELEASE SAVEPOINT " + spFn)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			// Undo fn's writes too, so that a caller who commits anyway
 			// cannot commit them without their record.
@@ -118,13 +122,21 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		}
 		return Result[T]{Value: v}, nil
 	case IsPermanent(fnErr):
-		err := rollbackTo(ctx, tx, spFn)
+		// Undo fn's writes but keep the savepoint until the failure is
+		// recorded. ROLLBACK TO goes alone: fn may have left the
+		// savepoint aborted, where nothing else can be prepared.
+		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn)
 		if err == nil {
-			_, err = tx.Exec(ctx, c.q.complete, key.Scope, key.ID, StatusFailed, []byte(fnErr.Error()), rec.attempt)
+			b := &pgx.Batch{}
+			b.Queue(c.q.complete, key.Scope, key.ID, StatusFailed, []byte(fnErr.Error()), rec.attempt)
+			b.Queue("RELEASE SAVEPOINT " + spFn)
+			err = tx.SendBatch(ctx, b).Close()
 		}
 		if err != nil {
-			err = fmt.Errorf("idem: recording the failure: %w", err)
-			return zero, errors.Join(fnErr, err, c.abandon(ctx, rec.attempt))
+			// Not recorded: this must not look like a recorded business
+			// outcome, so fnErr is reported by message only.
+			err = fmt.Errorf("idem: recording the permanent failure %q: %w", fnErr.Error(), err)
+			return zero, errors.Join(err, c.abandon(ctx, rec.attempt))
 		}
 		return zero, fnErr
 	default:
@@ -140,7 +152,9 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 // all as WithIdempotency describes. On a *pgxpool.Pool or *pgx.Conn it
 // pipelines BEGIN with the claim and the completion with COMMIT, so a first
 // execution costs the round trips of a bare transaction that runs fn's
-// statements; a replay costs two.
+// statements (one more with NoWait, to restore lock_timeout); a replay costs
+// two. When db is a pgx.Tx, Do works in a savepoint of it and leaves
+// serialization failures to the enclosing transaction's owner.
 //
 // Serialization failures (40001) and deadlocks (40P01) are retried with
 // jittered exponential backoff (WithRetry), which then usually replays the
@@ -167,9 +181,12 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 		return zero, err
 	}
 	var failure error // a Permanent error from an earlier attempt, to record
+	_, isTx := db.(pgx.Tx)
 	for attempt := 1; ; attempt++ {
 		res, err := doOnce(ctx, db, key, fn, &cfg, &failure)
-		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts {
+		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts || isTx {
+			// Inside an enclosing transaction (db is a pgx.Tx) a retry
+			// would meet the same snapshot: that transaction must retry.
 			return res, err
 		}
 		if err := sleep(ctx, backoff(cfg.retry, attempt)); err != nil {
@@ -267,9 +284,9 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 		// record that outcome without running fn again.
 		status, data = StatusFailed, []byte((*failure).Error())
 	} else {
-		g := &guardTx{tx: tx}
+		g := newGuard(tx)
 		v, fnErr, panicked := callFn(ctx, g, fn)
-		g.closed = true
+		g.close()
 		switch {
 		case panicked != nil:
 			panic(panicked) // the deferred rollback runs first
@@ -298,13 +315,13 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	}
 	b := &pgx.Batch{}
 	b.Queue(c.q.complete, key.Scope, key.ID, status, data, rec.attempt)
-	commit := b.Queue("COMMIT")
+	commit := b.Queue(cmp.Or(cfg.txOptions.CommitQuery, "COMMIT"))
 	var tag pgconn.CommandTag
 	commit.Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return Result[T]{}, commitError(err)
 	}
-	if tag.String() != "COMMIT" {
+	if tag.String() == "ROLLBACK" {
 		return Result[T]{}, fmt.Errorf("idem: commit: %w", pgx.ErrTxCommitRollback)
 	}
 	if status == StatusFailed {
@@ -321,7 +338,8 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 // closed the connection mid-batch.
 func commitError(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || (pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)) {
+	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) ||
+		(pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)) {
 		return fmt.Errorf("idem: commit: %w", err)
 	}
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
@@ -369,7 +387,7 @@ type claimer struct {
 // final reports whether an existing record decides the call without a
 // transaction: it is replayed, or answers ErrKeyReused or ErrInProgress.
 func (c *claimer) final(rec *record) bool {
-	return !bytesEqual(rec.fingerprint, c.key.Fingerprint) || !rec.takeable()
+	return !rec.takeable() || !rec.expired && !bytesEqual(rec.fingerprint, c.key.Fingerprint)
 }
 
 // claim claims c.key. It returns the claimed record, or the existing record
@@ -400,7 +418,7 @@ func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
 		if !found {
 			continue // the record vanished (purged) after the conflict: claim again
 		}
-		if !bytesEqual(rec.fingerprint, c.key.Fingerprint) {
+		if !rec.expired && !bytesEqual(rec.fingerprint, c.key.Fingerprint) {
 			return rec, ErrKeyReused
 		}
 		if !rec.takeable() {
@@ -422,7 +440,7 @@ func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
 			switch {
 			case !found:
 				continue
-			case !bytesEqual(rec.fingerprint, c.key.Fingerprint):
+			case !rec.expired && !bytesEqual(rec.fingerprint, c.key.Fingerprint):
 				return rec, ErrKeyReused
 			case rec.takeable() || rec.status == StatusProcessing:
 				return rec, ErrInProgress
@@ -438,10 +456,9 @@ func (c *claimer) claimArgs() []any {
 	return []any{c.key.Scope, c.key.ID, nonNilFingerprint(c.key.Fingerprint), c.cfg.ttl.Microseconds()}
 }
 
-// insert runs the claim INSERT. When it conflicts with a record committed
-// before the statement started, that record is returned (found); when it
-// conflicts with one committed while the statement waited, the record is read
-// in a second statement. found is false only when the record vanished.
+// insert runs the claim INSERT. When it conflicts (after waiting for an
+// uncommitted holder to finish), the record is read in the next round trip.
+// found is false only when the record vanished in between.
 func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found bool, err error) {
 	b := &pgx.Batch{}
 	if begin != nil {
@@ -479,15 +496,14 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 			if begin == nil {
 				// Undo the claim attempt and the lock_timeout change together.
 				if rerr := rollbackTo(ctx, c.tx, spClaim); rerr != nil {
-					return rec, false, errors.Join(ErrInProgress, rerr)
+					return rec, false, fmt.Errorf("idem: undoing a no-wait claim (roll the transaction back): %w", rerr)
 				}
 			}
 			return rec, false, ErrInProgress
 		}
-		if pgCode(err) == sqlstateLockNotAvailable {
-			// The caller's own lock_timeout ended the wait.
-			return rec, false, fmt.Errorf("%w: %w", ErrInProgress, err)
-		}
+		// Other errors abort the transaction and are returned as they are:
+		// 40001 under REPEATABLE READ, or 55P03 when the caller's own
+		// lock_timeout ended the wait for the key's holder.
 		return rec, false, err
 	}
 
@@ -581,7 +597,11 @@ func (c *claimer) abandon(ctx context.Context, attempt int32) error {
 	defer cancel()
 	err := rollbackTo(ctx, c.tx, spFn)
 	if err == nil {
-		_, err = c.tx.Exec(ctx, c.q.release, c.key.Scope, c.key.ID, attempt)
+		var tag pgconn.CommandTag
+		tag, err = c.tx.Exec(ctx, c.q.release, c.key.Scope, c.key.ID, attempt)
+		if err == nil && tag.RowsAffected() != 1 {
+			err = fmt.Errorf("the claim matched %d records, not 1", tag.RowsAffected())
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("idem: removing the claim after fn failed (roll the transaction back): %w", err)

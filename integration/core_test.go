@@ -819,3 +819,103 @@ func TestContextCancelledBeforeCompletion(t *testing.T) {
 	require.Nil(t, s.ReadRecord(t, pool, key))
 	require.Equal(t, 0, s.CountEffects(t, pool, key), "fn's writes went with the claim")
 }
+
+// An expired record is absent, whatever fingerprint it was made with.
+func TestExpiredRecordWithOtherFingerprintIsTakenOver(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	c := &counter{s: s}
+	ctx := context.Background()
+	ttl := idem.WithTTL(200 * time.Millisecond)
+	first := idem.Key{Scope: "u", ID: "k", Fingerprint: []byte("body A")}
+	_, err := idem.Do(ctx, pool, first, c.fn(first), s.Opt, ttl)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond)
+	second := idem.Key{Scope: "u", ID: "k", Fingerprint: []byte("body B")}
+	res, err := idem.Do(ctx, pool, second, c.fn(second), s.Opt, ttl)
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	again, err := idem.Do(ctx, pool, second, c.fn(second), s.Opt)
+	require.NoError(t, err)
+	require.True(t, again.Replayed, "the new record carries the new fingerprint")
+	_, err = idem.Do(ctx, pool, first, c.fn(first), s.Opt)
+	require.ErrorIs(t, err, idem.ErrKeyReused)
+}
+
+// The TTL counts from the claim, not from the start of a long transaction.
+func TestTTLCountsFromTheClaim(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	c := &counter{s: s}
+	ctx := context.Background()
+	key := newKey(t)
+	ttl := idem.WithTTL(2 * time.Second)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "SELECT 1") // now() is fixed here
+	require.NoError(t, err)
+	time.Sleep(2500 * time.Millisecond)
+	_, err = idem.WithIdempotency(ctx, tx, key, c.fn(key), s.Opt, ttl)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt, ttl)
+	require.NoError(t, err)
+	require.True(t, res.Replayed, "a record is never born expired")
+	require.Equal(t, 1, s.CountEffects(t, pool, key))
+}
+
+// The caller's own lock_timeout can end the wait for a key's holder: that is
+// an aborting 55P03, not the non-aborting ErrInProgress of NoWait.
+func TestCallerLockTimeoutIsNotInProgress(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	c := &counter{s: s}
+	ctx := context.Background()
+	key := newKey(t)
+	txA, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer txA.Rollback(ctx) //nolint:errcheck
+	_, err = idem.WithIdempotency(ctx, txA, key, c.fn(key), s.Opt)
+	require.NoError(t, err)
+
+	txB, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer txB.Rollback(ctx) //nolint:errcheck
+	_, err = txB.Exec(ctx, "SET LOCAL lock_timeout = '100ms'")
+	require.NoError(t, err)
+	_, err = idem.WithIdempotency(ctx, txB, key, c.fn(key), s.Opt)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "55P03", pgErr.Code)
+	require.NotErrorIs(t, err, idem.ErrInProgress)
+}
+
+// Handles fn obtained stop working when fn returns.
+func TestFnHandlesDieWithFn(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	var leaked, leakedSP pgx.Tx
+	res, err := idem.Do(ctx, pool, newKey(t), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		leaked = tx
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return 0, err
+		}
+		leakedSP = sp
+		require.ErrorContains(t, tx.Commit(ctx), "must not commit")
+		if _, err := sp.Exec(ctx, "SELECT 1"); err != nil {
+			return 0, err
+		}
+		return 1, sp.Commit(ctx)
+	}, s.Opt)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Value)
+	_, err = leaked.Exec(ctx, "SELECT 1")
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	_, err = leakedSP.Exec(ctx, "SELECT 1")
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	_, err = leakedSP.Begin(ctx)
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+}

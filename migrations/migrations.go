@@ -162,10 +162,16 @@ func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migr
 	})
 	defer stop()
 
-	if err := step(m); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+	err = step(m)
+	if ctx.Err() != nil {
+		// golang-migrate reports a graceful stop as success; the caller
+		// must not take a cancelled run for a finished one.
+		return fmt.Errorf("migrations: stopped, possibly before the last migration: %w", ctx.Err())
+	}
+	if err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		return fmt.Errorf("migrations: %w", err)
 	}
-	return ctx.Err()
+	return nil
 }
 
 // Files returns the migration files for a record table named schema.table
