@@ -852,7 +852,7 @@ func TestTTLCountsFromTheClaim(t *testing.T) {
 	ttl := idem.WithTTL(2 * time.Second)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)            //nolint:errcheck
 	_, err = tx.Exec(ctx, "SELECT 1") // now() is fixed here
 	require.NoError(t, err)
 	time.Sleep(2500 * time.Millisecond)
