@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -93,4 +94,38 @@ func ExamplePermanent() {
 	// Output:
 	// error: activity is full, permanent: true, replayed: false
 	// error: activity is full, permanent: true, replayed: true
+}
+
+// The guarded UPDATE of the scenarios ("UPDATE orders SET status='PAID'
+// WHERE id=? AND status='PENDING'" and a check of the affected rows) as one
+// call: a repeated payment notification is a no-op, an illegal one an error.
+func ExampleStateMachine_Transition() {
+	ctx := context.Background()
+	pool := examplePool("transition")
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, paid_at timestamptz);
+		INSERT INTO orders (id, status) VALUES (1, 'PENDING')`); err != nil {
+		panic(err)
+	}
+	orders, err := idem.NewStateMachine(idem.StateMachineConfig{
+		Table: "orders", IDColumn: "id", StateColumn: "status",
+		States: []string{"PENDING", "PAID", "SHIPPED", "CANCELLED"},
+		Transitions: map[string][]string{
+			"PENDING": {"PAID", "CANCELLED"},
+			"PAID":    {"SHIPPED"},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	for range 2 { // the payment gateway notifies twice
+		res, err := orders.Transition(ctx, pool, 1, "PAID", idem.Set("paid_at", time.Now()))
+		fmt.Printf("applied=%v from=%s err=%v\n", res.Applied, res.From, err)
+	}
+	_, err = orders.Transition(ctx, pool, 1, "CANCELLED")
+	fmt.Println(err, errors.Is(err, idem.ErrInvalidTransition))
+	// Output:
+	// applied=true from=PENDING err=<nil>
+	// applied=false from=PAID err=<nil>
+	// idem: row 1 is "PAID", which cannot move to "CANCELLED" true
 }
