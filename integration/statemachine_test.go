@@ -256,7 +256,7 @@ func TestTransitionRepeatableReadConflictIs40001(t *testing.T) {
 	id := newOrder(t, pool, s)
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)            //nolint:errcheck
 	_, err = tx.Exec(ctx, "SELECT 1") // take the snapshot
 	require.NoError(t, err)
 	_, err = m.Transition(ctx, pool, id, "PAID")
