@@ -48,7 +48,7 @@ var (
 
 // InvalidKeyError describes why a Key was rejected. It matches ErrInvalidKey.
 type InvalidKeyError struct {
-	Field  string // "Scope" or "ID"
+	Field  string // "Scope" or "ID" (or "consumer", "message ID" for ConsumeOnce)
 	Reason string // human-readable cause, e.g. "is empty"
 }
 

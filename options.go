@@ -20,7 +20,8 @@ type config struct {
 	ttl       time.Duration
 	noWait    bool
 	codec     Codec
-	q         *queries // the record table's statements
+	q         *queries      // the record table's statements
+	inbox     *inboxQueries // the inbox table's statements
 	txOptions pgx.TxOptions
 	retry     RetryPolicy
 	err       error
@@ -126,7 +127,7 @@ func (c *config) fail(format string, args ...any) {
 }
 
 func newConfig(opts []Option) (config, error) {
-	c := config{ttl: DefaultTTL, q: defaultQueries}
+	c := config{ttl: DefaultTTL, q: defaultQueries, inbox: defaultInboxQueries}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)

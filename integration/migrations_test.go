@@ -36,11 +36,12 @@ func TestMigrationsUpDownUp(t *testing.T) {
 	require.NoError(t, migrations.Up(ctx, pool, opt))
 	require.True(t, tableExists(t, pool, schema, "keys"))
 	require.True(t, tableExists(t, pool, schema, "keys_schema_migrations"), "its own version table")
+	require.True(t, tableExists(t, pool, schema, "idem_inbox"))
 	require.False(t, tableExists(t, pool, schema, "schema_migrations"), "never the application's")
 	v, dirty, err := migrations.Version(ctx, pool, opt)
 	require.NoError(t, err)
 	require.False(t, dirty)
-	require.EqualValues(t, 1, v)
+	require.EqualValues(t, 2, v)
 
 	// The table has the promised shape.
 	var reloptions []string
@@ -67,6 +68,7 @@ func TestMigrationsUpDownUp(t *testing.T) {
 
 	require.NoError(t, migrations.Down(ctx, pool, opt))
 	require.False(t, tableExists(t, pool, schema, "keys"))
+	require.False(t, tableExists(t, pool, schema, "idem_inbox"))
 	require.NoError(t, migrations.Down(ctx, pool, opt), "down again is no change")
 	v, _, err = migrations.Version(ctx, pool, opt)
 	require.NoError(t, err)

@@ -2,8 +2,10 @@
 // applies it with golang-migrate.
 //
 // Users of other migration tools (goose, tern, atlas) can copy or read the
-// raw, numbered files from FS: 000001_create_idempotent_record.up.sql and its
-// .down.sql. They create the table "idempotent_record" in the search_path.
+// raw, numbered files from FS: 000001_create_idempotent_record.up.sql (the
+// record table "idempotent_record"), 000002_create_idem_inbox.up.sql (the
+// consume-once table "idem_inbox"), each with its .down.sql, creating the
+// tables in the search_path.
 //
 // Up and Down apply the same files through golang-migrate's iofs source and
 // pgx/v5 driver, under their own version table (by default
@@ -53,9 +55,10 @@ type config struct {
 }
 
 // WithTable creates the record table as schema.table instead of
-// "idempotent_record" in the search_path; pass the same names to
-// idem.WithTable. schema may be empty; when set, it is created if missing.
-// Names follow idem.ValidateTableName.
+// "idempotent_record" in the search_path, and the inbox as
+// schema.idem_inbox; pass the same names to idem.WithTable (and the schema to
+// idem.WithInboxTable). schema may be empty; when set, it is created if
+// missing. Names follow idem.ValidateTableName.
 func WithTable(schema, table string) Option {
 	return func(c *config) {
 		if err := idem.ValidateTableName(schema, table); err != nil {
@@ -175,20 +178,25 @@ func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migr
 }
 
 // Files returns the migration files for a record table named schema.table
-// (schema may be empty): FS itself for the default name, otherwise copies
-// with the names replaced and quoted. The names must pass
-// idem.ValidateTableName.
+// and the inbox table schema.idem_inbox (schema may be empty): FS itself for
+// the default names, otherwise copies with the names replaced and quoted.
+// The names must pass idem.ValidateTableName.
 func Files(schema, table string) fs.FS {
 	if schema == "" && table == idem.DefaultTable {
 		return FS
 	}
-	ident := pgx.Identifier{table}.Sanitize()
-	if schema != "" {
-		ident = pgx.Identifier{schema, table}.Sanitize()
+	qualify := func(name string) string {
+		if schema == "" {
+			return pgx.Identifier{name}.Sanitize()
+		}
+		return pgx.Identifier{schema, name}.Sanitize()
 	}
+	// Longer names first: at one position the first match wins.
 	r := strings.NewReplacer(
 		idem.DefaultTable+"_expires_at_idx", pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
-		idem.DefaultTable, ident,
+		idem.DefaultInboxTable+"_consumed_at_idx", pgx.Identifier{idem.DefaultInboxTable + "_consumed_at_idx"}.Sanitize(),
+		idem.DefaultTable, qualify(table),
+		idem.DefaultInboxTable, qualify(idem.DefaultInboxTable),
 	)
 	out := fstest.MapFS{}
 	entries, _ := fs.ReadDir(FS, ".")

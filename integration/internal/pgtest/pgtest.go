@@ -116,8 +116,8 @@ type Schema struct {
 	Effects string
 	// Records is the sanitized name of the record table.
 	Records string
-	// Opt points idem at the schema's record table.
-	Opt idem.Option
+	// Opt points idem at the schema's record table, InboxOpt at its inbox.
+	Opt, InboxOpt idem.Option
 }
 
 // NewSchema creates a schema for the test, migrates idem's table into it, and
@@ -132,10 +132,11 @@ func NewSchema(t testing.TB, pool *pgxpool.Pool) *Schema {
 		t.Fatalf("migrating: %v", err)
 	}
 	s := &Schema{
-		Name:    name,
-		Effects: pgx.Identifier{name, "effects"}.Sanitize(),
-		Records: pgx.Identifier{name, idem.DefaultTable}.Sanitize(),
-		Opt:     idem.WithTable(name, idem.DefaultTable),
+		Name:     name,
+		Effects:  pgx.Identifier{name, "effects"}.Sanitize(),
+		Records:  pgx.Identifier{name, idem.DefaultTable}.Sanitize(),
+		Opt:      idem.WithTable(name, idem.DefaultTable),
+		InboxOpt: idem.WithInboxTable(name, idem.DefaultInboxTable),
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+s.Effects+` (id bigserial PRIMARY KEY, scope text NOT NULL, key text NOT NULL, value text NOT NULL)`); err != nil {
 		t.Fatalf("creating the effects table: %v", err)

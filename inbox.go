@@ -1,0 +1,153 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultInboxTable is the consume-once table's name unless WithInboxTable
+// says otherwise. migrations.Up creates it.
+const DefaultInboxTable = "idem_inbox"
+
+// spInbox is ConsumeOnce's savepoint.
+const spInbox = "idem_inbox"
+
+// inboxQueries are the statements for one inbox table.
+type inboxQueries struct {
+	insert string
+	purge  string
+}
+
+func buildInboxQueries(t string) *inboxQueries {
+	return &inboxQueries{
+		insert: `INSERT INTO ` + t + ` (consumer, message_id) VALUES ($1, $2)
+	ON CONFLICT (consumer, message_id) DO NOTHING RETURNING true`,
+		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM ` + t + ` WHERE consumed_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+	LIMIT $2 FOR UPDATE SKIP LOCKED))`,
+	}
+}
+
+var defaultInboxQueries = buildInboxQueries(tableIdent("", DefaultInboxTable))
+
+// WithInboxTable names the inbox table for ConsumeOnce and PurgeInbox. It
+// defaults to DefaultInboxTable ("idem_inbox") in the search_path; schema may
+// be empty. Names follow ValidateTableName.
+func WithInboxTable(schema, table string) Option {
+	if err := ValidateTableName(schema, table); err != nil {
+		return func(c *config) {
+			if c.err == nil {
+				c.err = err
+			}
+		}
+	}
+	q := buildInboxQueries(tableIdent(schema, table))
+	return func(c *config) { c.inbox = q }
+}
+
+// ConsumeOnce runs fn for a message at most once per consumer, inside the
+// caller's transaction tx, and reports whether fn ran.
+//
+// It inserts (consumer, messageID) into the inbox table with ON CONFLICT DO
+// NOTHING, in a savepoint; only the transaction that inserted the row runs
+// fn. A redelivered message finds the row and ConsumeOnce returns false
+// without running fn: acknowledge it. A delivery that meets another
+// delivery of the same message still in flight waits for it, then returns
+// false (it committed) or runs fn (it rolled back).
+//
+// When fn returns an error or panics, the row and fn's writes are rolled back
+// to the savepoint, tx stays usable, and the error is returned (the panic
+// re-raised): a redelivery processes the message. consumer and messageID
+// follow Key's rules (1..255 bytes of printable UTF-8); invalid ones return
+// ErrInvalidKey before any SQL. Under REPEATABLE READ or SERIALIZABLE a
+// delivery committed after tx's snapshot fails with SQLSTATE 40001.
+func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
+	fn func(ctx context.Context, tx pgx.Tx) error, opts ...Option) (bool, error) {
+	if err := validatePart("consumer", consumer); err != nil {
+		return false, err
+	}
+	if err := validatePart("message ID", messageID); err != nil {
+		return false, err
+	}
+	if tx == nil || fn == nil {
+		return false, fmt.Errorf("%w: ConsumeOnce needs a transaction and a function", ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return false, err
+	}
+	inserted := false
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT " + spInbox)
+	b.Queue(cfg.inbox.insert, consumer, messageID).QueryRow(func(r pgx.Row) error {
+		err := r.Scan(&inserted)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return false, err
+	}
+	if !inserted {
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spInbox); err != nil {
+			return false, err
+		}
+		return false, nil
+	}
+
+	g := newGuard(tx)
+	_, fnErr, panicked := callFn(ctx, g, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		return struct{}{}, fn(ctx, tx)
+	})
+	g.close()
+	if panicked != nil || fnErr != nil {
+		cctx, cancel := cleanupContext(ctx)
+		rerr := rollbackTo(cctx, tx, spInbox)
+		cancel()
+		if panicked != nil {
+			panic(panicked)
+		}
+		if rerr != nil {
+			rerr = fmt.Errorf("idem: undoing the consumed message (roll the transaction back): %w", rerr)
+		}
+		return false, errors.Join(fnErr, rerr)
+	}
+	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spInbox); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// PurgeInbox deletes inbox rows consumed more than olderThan ago, in batches
+// of batchSize rows (1000 when zero), skipping rows another transaction holds,
+// and returns how many it deleted. A message redelivered after its row was
+// purged is processed again, so olderThan must exceed the broker's longest
+// redelivery delay. db may be a pool, a connection or a transaction.
+func PurgeInbox(ctx context.Context, db DBTX, olderThan time.Duration, batchSize int, opts ...Option) (int64, error) {
+	if db == nil || olderThan <= 0 || batchSize < 0 {
+		return 0, fmt.Errorf("%w: PurgeInbox needs a database, a positive age and a batch size >= 0", ErrInvalidOption)
+	}
+	if batchSize == 0 {
+		batchSize = 1000
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, cfg.inbox.purge, olderThan.Microseconds(), batchSize)
+		if err != nil {
+			return total, err
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batchSize) {
+			return total, nil
+		}
+	}
+}
