@@ -269,16 +269,37 @@ func (m *StateMachine) Transition(ctx context.Context, db DBTX, id any, to strin
 		allowed = []string{}
 	}
 
-	sql, args := m.transitionSQL(id, to, allowed, &call)
 	var (
 		found, applied bool
 		current        *string
 		prev           *string
 		version        *int64
 	)
-	err := db.QueryRow(ctx, sql, args...).Scan(&found, &current, &applied, &prev, &version)
-	if err != nil {
-		return res, err
+	if len(allowed) == 1 {
+		// One state may reach to, so the previous state is known: a plain
+		// guarded UPDATE, and a read only when it changed nothing.
+		sql, args := m.singleSQL(id, to, allowed[0], &call)
+		err := db.QueryRow(ctx, sql, args...).Scan(&version)
+		switch {
+		case err == nil:
+			found, applied, prev = true, true, &allowed[0]
+		case errors.Is(err, pgx.ErrNoRows):
+			err = db.QueryRow(ctx, m.readSQL(), id).Scan(&current, &version)
+			if errors.Is(err, pgx.ErrNoRows) {
+				break
+			}
+			if err != nil {
+				return res, err
+			}
+			found = true
+		default:
+			return res, err
+		}
+	} else {
+		sql, args := m.transitionSQL(id, to, allowed, &call)
+		if err := db.QueryRow(ctx, sql, args...).Scan(&found, &current, &applied, &prev, &version); err != nil {
+			return res, err
+		}
 	}
 	if !found {
 		return res, fmt.Errorf("%w: no row of %s with %s = %v", ErrNotFound, m.cfg.Table, m.cfg.IDColumn, id)
@@ -315,10 +336,9 @@ func deref(s *string) string {
 	return *s
 }
 
-// transitionSQL builds the statement: lock the row, read its state, update
-// it if allowed, write history, and return the current state either way.
-func (m *StateMachine) transitionSQL(id any, to string, allowed []string, call *transitionCall) (string, []any) {
-	args := []any{id, allowed, to}
+// setClause is the SET list shared by both statements; it appends the values
+// of Set columns to args.
+func (m *StateMachine) setClause(args []any, call *transitionCall) (string, []any) {
 	var set strings.Builder
 	set.WriteString(m.state + " = $3")
 	if m.version != "" {
@@ -328,6 +348,50 @@ func (m *StateMachine) transitionSQL(id any, to string, allowed []string, call *
 		args = append(args, s.value)
 		fmt.Fprintf(&set, ", %s = $%d", pgx.Identifier{s.column}.Sanitize(), len(args))
 	}
+	return set.String(), args
+}
+
+// singleSQL builds the statement for a state reachable from one state only:
+// a guarded UPDATE (with the history row in the same statement) that returns
+// the new version, or no row when it changed nothing.
+func (m *StateMachine) singleSQL(id any, to, from string, call *transitionCall) (string, []any) {
+	set, args := m.setClause([]any{id, from, to}, call)
+	guard := ""
+	versionRet := "NULL::bigint"
+	if m.version != "" {
+		versionRet = "t." + m.version + "::bigint"
+		if call.expectVersion != nil {
+			args = append(args, *call.expectVersion)
+			guard = fmt.Sprintf(" AND t.%s = $%d", m.version, len(args))
+		}
+	}
+	update := fmt.Sprintf(`UPDATE %s AS t SET %s WHERE t.%s = $1 AND t.%s::text = $2::text%s RETURNING `,
+		m.table, set, m.id, m.state, guard)
+	if m.history == "" {
+		return update + versionRet, args
+	}
+	update += fmt.Sprintf("t.%s AS id, %s AS version", m.id, versionRet)
+	return fmt.Sprintf(`WITH upd AS (%s), hist AS (
+	INSERT INTO %s (entity_id, from_state, to_state, version, changed_at)
+	SELECT id, $2, $3, version, now() FROM upd
+)
+SELECT version FROM upd`, update, m.history), args
+}
+
+// readSQL reads a row's state and version.
+func (m *StateMachine) readSQL() string {
+	version := "NULL::bigint"
+	if m.version != "" {
+		version = m.version + "::bigint"
+	}
+	return fmt.Sprintf(`SELECT %s::text, %s FROM %s WHERE %s = $1`, m.state, version, m.table, m.id)
+}
+
+// transitionSQL builds the statement for a state reachable from several:
+// lock the row, read its state, update it if allowed, write history, and
+// return the current state either way.
+func (m *StateMachine) transitionSQL(id any, to string, allowed []string, call *transitionCall) (string, []any) {
+	set, args := m.setClause([]any{id, allowed, to}, call)
 	versionSel, versionRet := "NULL::bigint", "NULL::bigint"
 	guard := ""
 	if m.version != "" {
@@ -345,7 +409,7 @@ func (m *StateMachine) transitionSQL(id any, to string, allowed []string, call *
 	UPDATE %[1]s AS t SET %[5]s FROM cur
 	WHERE t.%[2]s = cur.id AND cur.state = ANY($2::text[])%[6]s
 	RETURNING cur.state AS prev, %[7]s AS version
-)`, m.table, m.id, m.state, versionSel, set.String(), guard, versionRet)
+)`, m.table, m.id, m.state, versionSel, set, guard, versionRet)
 	if m.history != "" {
 		fmt.Fprintf(&b, `, hist AS (
 	INSERT INTO %s (entity_id, from_state, to_state, version, changed_at)

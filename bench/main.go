@@ -1,21 +1,27 @@
-// Command bench measures what idem costs against a bare pgx transaction, in
-// one process, on one database, in interleaved rounds.
+// Command bench measures what idem costs against what a user would write
+// without it, in one process, on one database, in interleaved rounds.
 //
-//	go run ./bench                      # 16 workers, 5 rounds of 3s per variant
-//	go run ./bench -workers 1,16,64 -rounds 7 -duration 5s -markdown out.md
+//	go run ./bench                       # the core suite: 16 workers, 5 rounds of 3s
+//	go run ./bench -suites core,transition,inbox -rounds 7 -markdown out.md
 //
-// Each operation inserts one business row. The variants:
+// Suites (the first variant of each is its baseline):
 //
-//	bare             BEGIN; INSERT; COMMIT with pgx, one statement per round trip
-//	sql-model        Do's five statements, pipelined as Do sends them, hand-written
-//	                 with pgx and no library logic: what the record costs the database
-//	Do               idem.Do: BEGIN+claim pipelined, INSERT, completion+COMMIT pipelined
-//	Do/end-only      idem.Do with BEGIN sent on its own (only the end pipelined)
-//	WithIdempotency  BEGIN; idem.WithIdempotency (claim, savepoint, INSERT, completion); COMMIT
+//	core        one INSERT per operation, every key new:
+//	            bare             BEGIN; INSERT; COMMIT with pgx, one statement per round trip
+//	            sql-model        Do's five statements, pipelined as Do sends them, hand-written
+//	                             with pgx and no library logic: what the record costs the database
+//	            Do               idem.Do: BEGIN+claim pipelined, INSERT, completion+COMMIT pipelined
+//	            Do/end-only      idem.Do with BEGIN sent on its own (only the end pipelined)
+//	            WithIdempotency  BEGIN; idem.WithIdempotency (claim, savepoint, INSERT, completion); COMMIT
+//	transition  PENDING -> PAID on a fresh row per operation:
+//	            hand-written UPDATE ... WHERE id = $1 AND status = 'PENDING' with a row-count
+//	            check, against StateMachine.Transition
+//	inbox       a new message per operation whose handler inserts one row: a bare
+//	            transaction, against the same inside ConsumeOnce
 //
-// Every key is new (no duplicates). Rounds rotate the order of the variants,
-// and the report gives each variant's median throughput and the median of its
-// per-round ratios to bare, because this machine is noisy.
+// Rounds rotate the order of the variants, and the report gives each
+// variant's median throughput and the median of its per-round ratios to the
+// baseline, because this machine is noisy.
 //
 // It connects with DATABASE_URL or the PG* defaults, works in a schema of its
 // own (idem_bench) and drops it at the end.
@@ -60,7 +66,21 @@ func insertRow(ctx context.Context, tx pgx.Tx) (int64, error) {
 
 var tableOpt = idem.WithTable(schema, idem.DefaultTable)
 
-var variants = []variant{
+// suite is a set of variants measured against its first one, the baseline.
+type suite struct {
+	name     string
+	about    string
+	setup    func(ctx context.Context, pool *pgxpool.Pool) error
+	variants []variant
+}
+
+var suites = []suite{
+	{name: "core", about: "one INSERT per operation; every key new", variants: coreVariants},
+	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
+	{name: "inbox", about: "one message per operation, each new; the handler inserts one row", variants: inboxVariants},
+}
+
+var coreVariants = []variant{
 	{"bare", func(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -220,6 +240,8 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox")
+	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -231,14 +253,72 @@ func main() {
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*workersFlag, *rounds, *duration, *warmup, *markdown); err != nil {
+	if err := run(*workersFlag, *suitesFlag, *rounds, *duration, *warmup, *markdown); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
-func run(workersFlag string, rounds int, duration, warmup time.Duration, markdown string) error {
+// runSuite measures a suite's variants at one worker count in interleaved,
+// rotated rounds and returns its markdown table.
+func runSuite(ctx context.Context, pool *pgxpool.Pool, su suite, workers, rounds int, duration, warmup time.Duration) (string, error) {
+	variants := su.variants
+	base := variants[0].name
+	for _, v := range variants { // warm the pool and the statement caches
+		if _, err := measure(ctx, pool, v, workers, warmup); err != nil {
+			return "", err
+		}
+	}
+	samples := map[string][]sample{}
+	ratios := map[string][]float64{}
+	for r := range rounds {
+		order := slices.Clone(variants)
+		for i := 0; i < r%len(order); i++ { // rotate the order every round
+			order = append(order[1:], order[0])
+		}
+		round := map[string]sample{}
+		for _, v := range order {
+			s, err := measure(ctx, pool, v, workers, duration)
+			if err != nil {
+				return "", err
+			}
+			round[v.name] = s
+			samples[v.name] = append(samples[v.name], s)
+		}
+		for _, v := range variants {
+			ratios[v.name] = append(ratios[v.name], round[v.name].throughput()/round[base].throughput())
+		}
+		fmt.Fprintf(os.Stderr, "  %s workers=%d round %d/%d done\n", su.name, workers, r+1, rounds)
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "%s: %s; workers=%d\n\n", su.name, su.about, workers)
+	fmt.Fprintf(&table, "| variant | ops/s (median) | ratio to %s (median of rounds) | ratio range | p50 | p99 | client CPU/op |\n", base)
+	fmt.Fprintf(&table, "|---|---:|---:|---|---:|---:|---:|\n")
+	for _, v := range variants {
+		var tps []float64
+		var p50s, p99s, cpus []time.Duration
+		for _, s := range samples[v.name] {
+			tps = append(tps, s.throughput())
+			p50s = append(p50s, s.p50)
+			p99s = append(p99s, s.p99)
+			cpus = append(cpus, s.cpu/time.Duration(max(s.ops, 1)))
+		}
+		fmt.Fprintf(&table, "| %s | %.0f | %.2f | %.2f-%.2f | %v | %v | %v |\n", v.name, median(tps), median(ratios[v.name]),
+			slices.Min(ratios[v.name]), slices.Max(ratios[v.name]),
+			medianDur(p50s).Round(10*time.Microsecond), medianDur(p99s).Round(10*time.Microsecond), medianDur(cpus).Round(time.Microsecond))
+	}
+	fmt.Fprintln(&table)
+	return table.String(), nil
+}
+
+func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Duration, markdown string) error {
+	suiteNames := strings.Split(suitesFlag, ",")
+	for _, n := range suiteNames {
+		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
+			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox)", n)
+		}
+	}
 	var workerCounts []int
 	for _, w := range strings.Split(workersFlag, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
@@ -281,56 +361,26 @@ func run(workersFlag string, rounds int, duration, warmup time.Duration, markdow
 	var report strings.Builder
 	fmt.Fprintf(&report, "idem bench: %s, %d CPUs, Go %s, PostgreSQL %s (synchronous_commit=%s)\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), version, syncCommit)
-	fmt.Fprintf(&report, "%d interleaved rounds of %v per variant; one INSERT per operation; every key new\n\n", rounds, duration)
+	fmt.Fprintf(&report, "%d interleaved rounds of %v per variant\n\n", rounds, duration)
 	fmt.Print(report.String())
 
-	for _, workers := range workerCounts {
-		for _, v := range variants { // warm the pool and the statement caches
-			if _, err := measure(ctx, pool, v, workers, warmup); err != nil {
+	for _, su := range suites {
+		if !slices.Contains(suiteNames, su.name) {
+			continue
+		}
+		if su.setup != nil {
+			if err := su.setup(ctx, pool); err != nil {
+				return fmt.Errorf("%s: %w", su.name, err)
+			}
+		}
+		for _, workers := range workerCounts {
+			table, err := runSuite(ctx, pool, su, workers, rounds, duration, warmup)
+			if err != nil {
 				return err
 			}
+			fmt.Print(table)
+			report.WriteString(table)
 		}
-		samples := map[string][]sample{}
-		ratios := map[string][]float64{}
-		for r := range rounds {
-			order := slices.Clone(variants)
-			for i := 0; i < r%len(order); i++ { // rotate the order every round
-				order = append(order[1:], order[0])
-			}
-			round := map[string]sample{}
-			for _, v := range order {
-				s, err := measure(ctx, pool, v, workers, duration)
-				if err != nil {
-					return err
-				}
-				round[v.name] = s
-				samples[v.name] = append(samples[v.name], s)
-			}
-			for _, v := range variants {
-				ratios[v.name] = append(ratios[v.name], round[v.name].throughput()/round["bare"].throughput())
-			}
-			fmt.Fprintf(os.Stderr, "  workers=%d round %d/%d done\n", workers, r+1, rounds)
-		}
-		var table strings.Builder
-		fmt.Fprintf(&table, "workers=%d\n\n", workers)
-		fmt.Fprintf(&table, "| variant | ops/s (median) | ratio to bare (median of rounds) | ratio range | p50 | p99 | client CPU/op |\n")
-		fmt.Fprintf(&table, "|---|---:|---:|---|---:|---:|---:|\n")
-		for _, v := range variants {
-			var tps []float64
-			var p50s, p99s, cpus []time.Duration
-			for _, s := range samples[v.name] {
-				tps = append(tps, s.throughput())
-				p50s = append(p50s, s.p50)
-				p99s = append(p99s, s.p99)
-				cpus = append(cpus, s.cpu/time.Duration(max(s.ops, 1)))
-			}
-			fmt.Fprintf(&table, "| %s | %.0f | %.2f | %.2f-%.2f | %v | %v | %v |\n", v.name, median(tps), median(ratios[v.name]),
-				slices.Min(ratios[v.name]), slices.Max(ratios[v.name]),
-				medianDur(p50s).Round(10*time.Microsecond), medianDur(p99s).Round(10*time.Microsecond), medianDur(cpus).Round(time.Microsecond))
-		}
-		fmt.Fprintln(&table)
-		fmt.Print(table.String())
-		report.WriteString(table.String())
 	}
 	if markdown != "" {
 		return os.WriteFile(markdown, []byte(report.String()), 0o644)

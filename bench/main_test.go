@@ -17,16 +17,19 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	t.Setenv("DATABASE_URL", url)
 	out := filepath.Join(t.TempDir(), "report.md")
-	if err := run("2", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	transitionRows = 20_000
+	if err := run("2", "core,transition,inbox", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	report, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range variants {
-		if !strings.Contains(string(report), "| "+v.name+" |") {
-			t.Errorf("the report has no row for %s:\n%s", v.name, report)
+	for _, su := range suites {
+		for _, v := range su.variants {
+			if !strings.Contains(string(report), "| "+v.name+" |") {
+				t.Errorf("the report has no row for %s:\n%s", v.name, report)
+			}
 		}
 	}
 }

@@ -238,6 +238,28 @@ func TestTransitionVersionColumn(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.Applied, "the same writer's retry")
 
+	// The same through the statement for states reachable from several.
+	multi, err := idem.NewStateMachine(idem.StateMachineConfig{
+		Schema: s.Name, Table: "lamps", IDColumn: "id", StateColumn: "state", VersionColumn: "version",
+		States:      []string{"OFF", "ON", "DIM"},
+		Transitions: map[string][]string{"OFF": {"ON", "DIM"}, "DIM": {"ON", "OFF"}, "ON": {"OFF"}},
+	})
+	require.NoError(t, err)
+	_, err = multi.Transition(ctx, pool, "l1", "ON", idem.ExpectVersion(0))
+	require.ErrorIs(t, err, idem.ErrVersionConflict)
+	res, err = multi.Transition(ctx, pool, "l1", "OFF", idem.ExpectVersion(3))
+	require.NoError(t, err)
+	require.True(t, res.Applied)
+	require.Equal(t, "ON", res.From)
+	res, err = multi.Transition(ctx, pool, "l1", "ON", idem.ExpectVersion(4))
+	require.NoError(t, err)
+	require.True(t, res.Applied)
+	require.Equal(t, "OFF", res.From)
+	require.EqualValues(t, 5, res.Version)
+	res, err = multi.Transition(ctx, pool, "l1", "ON", idem.ExpectVersion(4))
+	require.NoError(t, err)
+	require.False(t, res.Applied, "the same writer's retry")
+
 	// Without a version column, ExpectVersion is a configuration error.
 	noVersion, err := idem.NewStateMachine(idem.StateMachineConfig{
 		Schema: s.Name, Table: "lamps", IDColumn: "id", StateColumn: "state",
