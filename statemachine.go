@@ -61,6 +61,8 @@ type StateMachine struct {
 	version string
 	from    map[string][]string // to → the states that may reach it
 	states  map[string]bool
+	plain   map[string]string // to → the single-source statement without options
+	read    string
 }
 
 // TransitionResult reports what Transition did.
@@ -188,6 +190,14 @@ func NewStateMachine(cfg StateMachineConfig) (*StateMachine, error) {
 	if cfg.VersionColumn != "" {
 		m.version = pgx.Identifier{cfg.VersionColumn}.Sanitize()
 	}
+	// Build the common statements once.
+	m.read = m.readSQL()
+	m.plain = map[string]string{}
+	for to, froms := range m.from {
+		if len(froms) == 1 {
+			m.plain[to], _ = m.singleSQL(nil, to, froms[0], &transitionCall{})
+		}
+	}
 	return m, nil
 }
 
@@ -278,13 +288,19 @@ func (m *StateMachine) Transition(ctx context.Context, db DBTX, id any, to strin
 	if len(allowed) == 1 {
 		// One state may reach to, so the previous state is known: a plain
 		// guarded UPDATE, and a read only when it changed nothing.
-		sql, args := m.singleSQL(id, to, allowed[0], &call)
+		var sql string
+		var args []any
+		if len(call.sets) == 0 && call.expectVersion == nil {
+			sql, args = m.plain[to], []any{id, allowed[0], to}
+		} else {
+			sql, args = m.singleSQL(id, to, allowed[0], &call)
+		}
 		err := db.QueryRow(ctx, sql, args...).Scan(&version)
 		switch {
 		case err == nil:
 			found, applied, prev = true, true, &allowed[0]
 		case errors.Is(err, pgx.ErrNoRows):
-			err = db.QueryRow(ctx, m.readSQL(), id).Scan(&current, &version)
+			err = db.QueryRow(ctx, m.read, id).Scan(&current, &version)
 			if errors.Is(err, pgx.ErrNoRows) {
 				break
 			}
