@@ -52,6 +52,7 @@ type InvalidKeyError struct {
 	Reason string // human-readable cause, e.g. "is empty"
 }
 
+// Error describes the rejected field and why.
 func (e *InvalidKeyError) Error() string {
 	return fmt.Sprintf("idem: invalid key: %s %s", e.Field, e.Reason)
 }
@@ -79,6 +80,7 @@ func Permanent(err error) error {
 	return &PermanentError{Err: err}
 }
 
+// Error returns the business error's message.
 func (e *PermanentError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the business error.
@@ -90,6 +92,7 @@ type RecordedError struct {
 	Message string
 }
 
+// Error returns the recorded message.
 func (e *RecordedError) Error() string { return e.Message }
 
 // IsPermanent reports whether err is, or wraps, a *PermanentError: a business

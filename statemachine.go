@@ -96,6 +96,7 @@ type TransitionError struct {
 // expected (see ExpectVersion): another writer changed it first.
 var ErrVersionConflict = errors.New("idem: version conflict")
 
+// Error describes the row, its current state and the refused move.
 func (e *TransitionError) Error() string {
 	if e.versionConflict {
 		return fmt.Sprintf("idem: row %v is at version %d (state %q), not %d: cannot move it to %q",
