@@ -19,6 +19,8 @@ type Option func(*config)
 type config struct {
 	ttl       time.Duration
 	noWait    bool
+	// requireIssued accepts only tokens from IssueToken.
+	requireIssued bool
 	codec     Codec
 	q         *queries      // the record table's statements
 	inbox     *inboxQueries // the inbox table's statements

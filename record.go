@@ -71,6 +71,8 @@ const (
 	StatusSucceeded = "succeeded"
 	// StatusFailed: fn returned a Permanent error; response holds its message.
 	StatusFailed = "failed"
+	// StatusIssued: a token IssueToken handed out, not used yet.
+	StatusIssued = "issued"
 )
 
 // DefaultTable is the record table's name unless WithTable says otherwise.
@@ -81,6 +83,19 @@ type queries struct {
 	// claim inserts a processing record; it returns no row when the key
 	// exists (after waiting for an uncommitted holder to finish).
 	claim string
+	// claimIssued claims a server-issued token (RequireIssued): it never
+	// creates a record.
+	claimIssued string
+	// issue stores a new token.
+	issue string
+	// leaseClaim and leaseClaimIssued commit a processing record with a
+	// lease, taking over expired leases; the other lease statements are
+	// guarded by status = 'processing' AND attempt = $3.
+	leaseClaim, leaseClaimIssued                            string
+	leaseUpdate, leaseCheckpoint, leaseFinish, leaseRelease string
+	// purge deletes a batch of expired records, skipping live leases and
+	// rows other transactions hold.
+	purge string
 	// read returns the record of a key.
 	read string
 	// takeover re-claims an expired or orphaned record, waiting for a
@@ -115,21 +130,80 @@ func queriesFor(table string) *queries {
 	return actual.(*queries)
 }
 
+// leaseTakeoverSet re-claims a record in lease mode. A takeover of a lease
+// on the same request keeps the checkpoint (recovery_point and the data in
+// response), so the new holder resumes; an expired record or a token starts
+// afresh. It refers to the new values as excluded.
+const leaseTakeoverSet = `status = 'processing', fingerprint = excluded.fingerprint,
+	attempt = CASE WHEN r.status = 'issued' THEN 1 ELSE r.attempt + 1 END,
+	locked_until = excluded.locked_until,
+	recovery_point = CASE WHEN r.status = 'processing' AND r.expires_at > clock_timestamp() THEN r.recovery_point END,
+	response = CASE WHEN r.status = 'processing' AND r.expires_at > clock_timestamp() THEN r.response END,
+	updated_at = now(), expires_at = excluded.expires_at`
+
+// leaseTakeable: the record expired, is an unclaimed token, or is a
+// processing record of the same request whose lease ran out.
+const leaseTakeable = `(r.expires_at <= clock_timestamp() OR r.status = 'issued'
+	OR (r.status = 'processing' AND (r.locked_until IS NULL OR r.locked_until <= clock_timestamp())
+		AND r.fingerprint = excluded.fingerprint))`
+
 func buildQueries(t string) *queries {
 	// Expiry counts from the claim (the database clock now, not the start of a
 	// long caller transaction), so a record is never born expired.
 	const ttlExpr = `clock_timestamp() + $4::bigint * interval '1 microsecond'`
+	// A claimed token starts at attempt 1; any other takeover fences out the
+	// previous holder by incrementing it.
 	const takeoverSet = `status = 'processing', fingerprint = $3, response = NULL,
-	attempt = attempt + 1, locked_until = NULL, recovery_point = NULL,
+	attempt = CASE WHEN status = 'issued' THEN 1 ELSE attempt + 1 END,
+	locked_until = NULL, recovery_point = NULL,
 	created_at = now(), updated_at = now(), expires_at = ` + ttlExpr
 	// takeable mirrors record.takeable.
-	const takeable = `(expires_at <= clock_timestamp()
+	const takeable = `(expires_at <= clock_timestamp() OR status = 'issued'
 	OR (status = 'processing' AND (locked_until IS NULL OR locked_until <= clock_timestamp())))`
 	return &queries{
 		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
 	VALUES ($1, $2, $3, 'processing', 1, now(), now(), ` + ttlExpr + `)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false`,
+
+		claimIssued: `UPDATE ` + t + ` SET ` + takeoverSet + `
+WHERE scope = $1 AND key = $2 AND status = 'issued' AND expires_at > clock_timestamp()
+RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false`,
+
+		issue: `INSERT INTO ` + t + ` (scope, key, status, attempt, created_at, updated_at, expires_at)
+	VALUES ($1, $2, 'issued', 0, now(), now(), clock_timestamp() + $3::bigint * interval '1 microsecond')`,
+
+		leaseClaim: `INSERT INTO ` + t + ` AS r (scope, key, fingerprint, status, attempt, locked_until, created_at, updated_at, expires_at)
+	VALUES ($1, $2, $3, 'processing', 1, clock_timestamp() + $5::bigint * interval '1 microsecond', now(), now(), ` + ttlExpr + `)
+	ON CONFLICT (scope, key) DO UPDATE SET ` + leaseTakeoverSet + `
+	WHERE ` + leaseTakeable + `
+	RETURNING attempt, coalesce(recovery_point, ''), response`,
+
+		leaseClaimIssued: `UPDATE ` + t + ` AS r SET ` + leaseTakeoverSet + `
+	FROM (SELECT $3::bytea AS fingerprint, clock_timestamp() + $5::bigint * interval '1 microsecond' AS locked_until,
+		` + ttlExpr + ` AS expires_at) AS excluded
+	WHERE r.scope = $1 AND r.key = $2 AND r.status <> 'succeeded' AND r.status <> 'failed'
+		AND r.expires_at > clock_timestamp() AND ` + leaseTakeable + `
+	RETURNING r.attempt, coalesce(r.recovery_point, ''), r.response`,
+
+		leaseUpdate: `UPDATE ` + t + ` SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond', updated_at = now()
+	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
+
+		leaseCheckpoint: `UPDATE ` + t + ` SET recovery_point = $4, response = $5, updated_at = now(),
+	locked_until = clock_timestamp() + $6::bigint * interval '1 microsecond'
+	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
+
+		leaseFinish: `UPDATE ` + t + ` SET status = $4, response = $5, locked_until = NULL, recovery_point = NULL, updated_at = now()
+	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
+
+		leaseRelease: `UPDATE ` + t + ` SET locked_until = clock_timestamp() - interval '1 microsecond', updated_at = now()
+	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
+
+		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM ` + t + `
+	WHERE expires_at <= clock_timestamp()
+		AND NOT (status = 'processing' AND locked_until IS NOT NULL AND locked_until > clock_timestamp())
+	LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 
 		read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 
@@ -185,10 +259,16 @@ func (r *record) scanTargets(withClaimed bool) []any {
 // expired, or it is a processing record that nobody holds (an expired lease,
 // or a transactional claim that was committed without completion).
 func (r *record) takeable() bool {
-	if r.expired {
+	if r.expired || r.status == StatusIssued {
 		return true
 	}
 	return r.status == StatusProcessing && (!r.leased || !r.leaseLive)
+}
+
+// fingerprintMatches reports whether the record was made for the same
+// request. Tokens carry no fingerprint and expired records no longer count.
+func (r *record) fingerprintMatches(f []byte) bool {
+	return r.expired || r.status == StatusIssued || bytesEqual(r.fingerprint, f)
 }
 
 // tableIdent returns the sanitized, possibly schema-qualified table name.

@@ -86,6 +86,11 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	if err != nil {
 		return zero, err
 	}
+	if cfg.requireIssued {
+		if err := checkTokenShape(key); err != nil {
+			return zero, err
+		}
+	}
 	c := claimer{tx: tx, q: cfg.q, cfg: &cfg, key: key, savepoint: true}
 	rec, err := c.claim(ctx, nil)
 	if err != nil {
@@ -179,6 +184,11 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return zero, err
+	}
+	if cfg.requireIssued {
+		if err := checkTokenShape(key); err != nil {
+			return zero, err
+		}
 	}
 	var failure error // a Permanent error from an earlier attempt, to record
 	_, isTx := db.(pgx.Tx)
@@ -387,7 +397,7 @@ type claimer struct {
 // final reports whether an existing record decides the call without a
 // transaction: it is replayed, or answers ErrKeyReused or ErrInProgress.
 func (c *claimer) final(rec *record) bool {
-	return !rec.takeable() || !rec.expired && !bytesEqual(rec.fingerprint, c.key.Fingerprint)
+	return !rec.takeable() || !rec.fingerprintMatches(c.key.Fingerprint)
 }
 
 // claim claims c.key. It returns the claimed record, or the existing record
@@ -405,6 +415,11 @@ func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
 		if err != nil || rec.claimed {
 			return rec, err
 		}
+		if c.cfg.requireIssued {
+			if err := tokenError(found, &rec); err != nil {
+				return rec, err
+			}
+		}
 		if c.ended {
 			// Do's transaction is over already. Most conflicts are replays
 			// and end here; a record to take over, or one that vanished,
@@ -418,7 +433,7 @@ func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
 		if !found {
 			continue // the record vanished (purged) after the conflict: claim again
 		}
-		if !rec.expired && !bytesEqual(rec.fingerprint, c.key.Fingerprint) {
+		if !rec.fingerprintMatches(c.key.Fingerprint) {
 			return rec, ErrKeyReused
 		}
 		if !rec.takeable() {
@@ -440,7 +455,7 @@ func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
 			switch {
 			case !found:
 				continue
-			case !rec.expired && !bytesEqual(rec.fingerprint, c.key.Fingerprint):
+			case !rec.fingerprintMatches(c.key.Fingerprint):
 				return rec, ErrKeyReused
 			case rec.takeable() || rec.status == StatusProcessing:
 				return rec, ErrInProgress
@@ -472,7 +487,11 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 		b.Queue(c.q.saveLockTimeout).QueryRow(func(r pgx.Row) error { return r.Scan(&oldTimeout) })
 		b.Queue(c.q.setLockTimeout, noWaitLockTimeout)
 	}
-	b.Queue(c.q.claim, c.claimArgs()...).QueryRow(func(r pgx.Row) error {
+	claimSQL := c.q.claim
+	if c.cfg.requireIssued {
+		claimSQL = c.q.claimIssued
+	}
+	b.Queue(claimSQL, c.claimArgs()...).QueryRow(func(r pgx.Row) error {
 		err := r.Scan(rec.scanTargets(true)...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil

@@ -1,0 +1,286 @@
+package integration_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/integration/internal/pgtest"
+)
+
+type charge struct {
+	ChargeID string `json:"charge_id"`
+	Amount   int    `json:"amount"`
+}
+
+func TestLeaseLifecycle(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	key := idem.Key{Scope: "shop", ID: "pay-1", Fingerprint: []byte("order 1, 999")}
+	const lease = 400 * time.Millisecond
+
+	w1, res, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	require.NoError(t, err)
+	require.NotNil(t, w1)
+	require.False(t, res.Replayed)
+	require.EqualValues(t, 1, w1.Attempt())
+	require.Empty(t, w1.RecoveryPoint())
+	require.ErrorIs(t, w1.RecoveryData(new(map[string]any)), idem.ErrNotFound)
+
+	// While the lease is live, others are told at once.
+	started := time.Now()
+	_, _, err = idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Less(t, time.Since(started), time.Second)
+	other := key
+	other.Fingerprint = []byte("another body")
+	_, _, err = idem.Claim[charge](ctx, pool, other, lease, s.Opt)
+	require.ErrorIs(t, err, idem.ErrKeyReused)
+
+	require.NoError(t, w1.Extend(ctx, pool))
+	require.NoError(t, w1.Checkpoint(ctx, pool, "charge-requested", charge{ChargeID: "ch_1", Amount: 999}))
+
+	// w1 stops; its lease runs out; w2 takes over and resumes.
+	time.Sleep(lease + 200*time.Millisecond)
+	w2, _, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	require.NoError(t, err)
+	require.NotNil(t, w2)
+	require.EqualValues(t, 2, w2.Attempt(), "the takeover increments the fencing token")
+	require.Equal(t, "charge-requested", w2.RecoveryPoint())
+	var resumed charge
+	require.NoError(t, w2.RecoveryData(&resumed))
+	require.Equal(t, charge{ChargeID: "ch_1", Amount: 999}, resumed)
+
+	// The stale worker is fenced out everywhere.
+	require.ErrorIs(t, w1.Extend(ctx, pool), idem.ErrLeaseLost)
+	require.ErrorIs(t, w1.Checkpoint(ctx, pool, "x", nil), idem.ErrLeaseLost)
+	require.ErrorIs(t, w1.Fail(ctx, pool, errors.New("x")), idem.ErrLeaseLost)
+	require.ErrorIs(t, w1.Release(ctx, pool), idem.ErrLeaseLost)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, s.AddEffect(ctx, tx, key, "stale"))
+	require.ErrorIs(t, w1.Complete(ctx, tx, charge{ChargeID: "stale"}), idem.ErrLeaseLost)
+	require.NoError(t, tx.Rollback(ctx), "the fenced-out worker's business transaction rolls back")
+
+	// w2 completes inside its business transaction.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, s.AddEffect(ctx, tx, key, "charged"))
+	require.NoError(t, w2.Complete(ctx, tx, resumed))
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1, s.CountEffects(t, pool, key))
+
+	// Later claims replay.
+	none, res, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	require.NoError(t, err)
+	require.Nil(t, none)
+	require.True(t, res.Replayed)
+	require.Equal(t, resumed, res.Value)
+	rec := s.ReadRecord(t, pool, key)
+	require.Equal(t, idem.StatusSucceeded, rec.Status)
+	require.Equal(t, 2, rec.Attempt)
+}
+
+func TestLeaseFailAndRelease(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+
+	failing := idem.Key{Scope: "shop", ID: "declined"}
+	l, _, err := idem.Claim[charge](ctx, pool, failing, time.Minute, s.Opt)
+	require.NoError(t, err)
+	require.NoError(t, l.Fail(ctx, pool, errors.New("card declined")))
+	none, res, err := idem.Claim[charge](ctx, pool, failing, time.Minute, s.Opt)
+	require.Nil(t, none)
+	require.True(t, res.Replayed)
+	require.True(t, idem.IsPermanent(err))
+	require.EqualError(t, err, "card declined")
+
+	released := idem.Key{Scope: "shop", ID: "released"}
+	l, _, err = idem.Claim[charge](ctx, pool, released, time.Minute, s.Opt)
+	require.NoError(t, err)
+	require.NoError(t, l.Checkpoint(ctx, pool, "step-1", []byte("raw")))
+	require.NoError(t, l.Release(ctx, pool))
+	l2, _, err := idem.Claim[charge](ctx, pool, released, time.Minute, s.Opt)
+	require.NoError(t, err, "a released key is taken over at once")
+	require.EqualValues(t, 2, l2.Attempt())
+	require.Equal(t, "step-1", l2.RecoveryPoint())
+	var raw []byte
+	require.NoError(t, l2.RecoveryData(&raw))
+	require.Equal(t, []byte("raw"), raw)
+
+	// A WithIdempotency call on a key under a live lease is in progress.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = idem.WithIdempotency(ctx, tx, released, func(context.Context, pgx.Tx) (int, error) { return 1, nil }, s.Opt)
+	require.ErrorIs(t, err, idem.ErrInProgress)
+}
+
+// 50 goroutines race to take over one expired lease: exactly one wins and
+// the attempt rises by exactly one.
+func TestLeaseTakeoverRace(t *testing.T) {
+	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 25 })
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	key := idem.Key{Scope: "shop", ID: "race"}
+	_, _, err := idem.Claim[charge](ctx, pool, key, 200*time.Millisecond, s.Opt)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond)
+
+	var winners, busy atomic.Int64
+	var attempts sync.Map
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 50 {
+		wg.Go(func() {
+			<-start
+			l, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
+			switch {
+			case err == nil && l != nil:
+				winners.Add(1)
+				attempts.Store(l.Attempt(), true)
+			case errors.Is(err, idem.ErrInProgress):
+				busy.Add(1)
+			default:
+				t.Errorf("claim: lease %v, err %v", l, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.EqualValues(t, 1, winners.Load())
+	require.EqualValues(t, 49, busy.Load())
+	_, ok := attempts.Load(int32(2))
+	require.True(t, ok)
+	require.Equal(t, 2, s.ReadRecord(t, pool, key).Attempt)
+}
+
+// Claim answers ErrInProgress instead of waiting for a row another
+// transaction holds.
+func TestClaimNeverBlocks(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	key := idem.Key{Scope: "shop", ID: "held"}
+	l, _, err := idem.Claim[charge](ctx, pool, key, 100*time.Millisecond, s.Opt)
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond) // expired: takeable
+	// The holder is completing in a transaction that has not committed.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	require.NoError(t, l.Complete(ctx, tx, charge{ChargeID: "c"}))
+	started := time.Now()
+	_, _, err = idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Less(t, time.Since(started), 2*time.Second)
+	require.NoError(t, tx.Commit(ctx))
+	_, res, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+}
+
+func TestKeepAlive(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	key := idem.Key{Scope: "shop", ID: "watchdog"}
+	const lease = 300 * time.Millisecond
+	l, _, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	require.NoError(t, err)
+	workCtx, stop := l.KeepAlive(ctx, pool)
+	time.Sleep(3 * lease)
+	_, _, err = idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	require.ErrorIs(t, err, idem.ErrInProgress, "the watchdog kept the lease alive")
+	require.NoError(t, workCtx.Err())
+	require.NoError(t, stop())
+	require.ErrorIs(t, workCtx.Err(), context.Canceled)
+
+	// A second watchdog notices a takeover and cancels the work.
+	workCtx, stop = l.KeepAlive(ctx, pool)
+	_, err = pool.Exec(ctx, `UPDATE `+s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE key = $1`, key.ID)
+	require.NoError(t, err)
+	l2, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
+	require.NoError(t, err)
+	require.NotNil(t, l2)
+	select {
+	case <-workCtx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watchdog did not notice the takeover")
+	}
+	require.ErrorIs(t, context.Cause(workCtx), idem.ErrLeaseLost)
+	require.ErrorIs(t, stop(), idem.ErrLeaseLost)
+}
+
+// clockSpy is a DBTX that fails the test if the application's clock is ever
+// sent to the database: every lease, TTL and expiry decision must use the
+// database clock.
+type clockSpy struct {
+	t  *testing.T
+	db *pgxpool.Pool
+}
+
+func (c clockSpy) check(args []any) {
+	for _, a := range args {
+		if _, ok := a.(time.Time); ok {
+			c.t.Errorf("the application clock was sent to the database: %v", a)
+		}
+	}
+}
+
+func (c clockSpy) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.check(args)
+	return c.db.Exec(ctx, sql, args...)
+}
+func (c clockSpy) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.check(args)
+	return c.db.Query(ctx, sql, args...)
+}
+func (c clockSpy) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.check(args)
+	return c.db.QueryRow(ctx, sql, args...)
+}
+func (c clockSpy) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		c.check(q.Arguments)
+	}
+	return c.db.SendBatch(ctx, b)
+}
+
+// A wildly wrong application clock changes nothing, because the library
+// never sends it: the database clock decides every lease and expiry. The spy
+// sees every statement of the lease flow, tokens and purging.
+func TestOnlyTheDatabaseClockDecides(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	db := clockSpy{t: t, db: pool}
+	key := idem.Key{Scope: "shop", ID: "clock"}
+	l, _, err := idem.Claim[charge](ctx, db, key, 200*time.Millisecond, s.Opt, idem.WithTTL(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, l.Extend(ctx, db))
+	require.NoError(t, l.Checkpoint(ctx, db, "p", 1))
+	var leaseLeft, ttlLeft float64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT extract(epoch FROM locked_until - clock_timestamp()),
+		extract(epoch FROM expires_at - clock_timestamp()) FROM `+s.Records+` WHERE key = $1`, key.ID).Scan(&leaseLeft, &ttlLeft))
+	require.InDelta(t, 0.2, leaseLeft, 0.15, "the lease is measured on the database clock")
+	require.InDelta(t, 3600, ttlLeft, 5)
+	require.NoError(t, l.Complete(ctx, db, charge{}))
+	token, err := idem.IssueToken(ctx, db, "shop", time.Minute, s.Opt)
+	require.NoError(t, err)
+	_, _, err = idem.Claim[charge](ctx, db, idem.Key{Scope: "shop", ID: token}, time.Minute, s.Opt, idem.RequireIssued())
+	require.NoError(t, err)
+	_, err = idem.Purge(ctx, db, idem.PurgeOptions{InboxRetention: time.Hour}, s.Opt, s.InboxOpt)
+	require.NoError(t, err)
+}

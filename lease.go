@@ -1,0 +1,280 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// claimLockTimeout bounds how long Claim may wait for a row another
+// transaction holds (a holder completing, a purge batch) before answering
+// ErrInProgress.
+const claimLockTimeout = "100ms"
+
+// Lease is a committed claim on a key, for work that cannot sit inside one
+// database transaction: a call to a payment gateway, an e-mail, a call to
+// another service. Claim returns it. While the lease is live, other Claims of
+// the key get ErrInProgress; when it runs out, another worker may take the
+// key over, which increments the attempt number and fences this holder out:
+// its Extend, Checkpoint, Complete, Fail and Release then return
+// ErrLeaseLost. A Lease is not safe for concurrent use, except KeepAlive's
+// renewals alongside the holder's other calls.
+type Lease[T any] struct {
+	key      Key
+	attempt  int32
+	point    string
+	data     []byte
+	duration time.Duration
+	cfg      config
+}
+
+// Claim claims key for work outside a transaction and commits the claim: a
+// processing record whose lease runs for lease (measured by the database
+// clock) unless extended.
+//
+// Outcomes: a *Lease (and a zero Result) when this call holds the key, either
+// new or taken over from a holder whose lease ran out (Attempt incremented;
+// RecoveryPoint set if that holder checkpointed); no Lease and the recorded
+// Result (Replayed true) when the key already finished, or the recorded
+// Permanent error; ErrInProgress at once while another holder's lease is
+// live (Claim never waits for it); ErrKeyReused for another fingerprint;
+// ErrInvalidKey before any SQL. With RequireIssued only tokens from
+// IssueToken are accepted.
+//
+// db should be a pool or a connection, so that the claim commits at once
+// and Claim waits at most 100ms for a row another transaction holds. With a
+// pgx.Tx the claim commits with that transaction.
+func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, opts ...Option) (*Lease[T], Result[T], error) {
+	var zero Result[T]
+	if err := key.Validate(); err != nil {
+		return nil, zero, err
+	}
+	if db == nil || lease <= 0 {
+		return nil, zero, fmt.Errorf("%w: Claim needs a database and a positive lease", ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, zero, err
+	}
+	if cfg.requireIssued {
+		if err := checkTokenShape(key); err != nil {
+			return nil, zero, err
+		}
+	}
+	claimSQL := cfg.q.leaseClaim
+	if cfg.requireIssued {
+		claimSQL = cfg.q.leaseClaimIssued
+	}
+	_, inTx := db.(pgx.Tx)
+
+	for range maxClaimTries {
+		l := &Lease[T]{key: key, duration: lease, cfg: cfg}
+		var rec record
+		claimed, found := false, false
+		b := &pgx.Batch{}
+		if !inTx {
+			// The batch runs as one implicit transaction: the setting ends
+			// with it.
+			b.Queue(`SELECT set_config('lock_timeout', $1, true)`, claimLockTimeout)
+		}
+		b.Queue(claimSQL, key.Scope, key.ID, nonNilFingerprint(key.Fingerprint), cfg.ttl.Microseconds(), lease.Microseconds()).
+			QueryRow(func(r pgx.Row) error {
+				err := r.Scan(&l.attempt, &l.point, &l.data)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil
+				}
+				claimed = err == nil
+				return err
+			})
+		b.Queue(cfg.q.read, key.Scope, key.ID).QueryRow(func(r pgx.Row) error {
+			err := r.Scan(rec.scanTargets(false)...)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			return err
+		})
+		if err := db.SendBatch(ctx, b).Close(); err != nil {
+			if pgCode(err) == sqlstateLockNotAvailable && !inTx {
+				return nil, zero, ErrInProgress
+			}
+			return nil, zero, err
+		}
+		if claimed {
+			return l, zero, nil
+		}
+		if cfg.requireIssued {
+			if err := tokenError(found, &rec); err != nil {
+				return nil, zero, err
+			}
+		}
+		switch {
+		case !found:
+			continue // purged between the statements: claim again
+		case !rec.fingerprintMatches(key.Fingerprint):
+			return nil, zero, ErrKeyReused
+		case rec.status == StatusProcessing:
+			// A live lease, or a claim another transaction holds right now.
+			return nil, zero, ErrInProgress
+		case rec.expired || rec.status == StatusIssued:
+			continue // expired, or a token freed, between the statements: claim again
+		}
+		res, err := replay[T](rec, &cfg)
+		return nil, res, err
+	}
+	return nil, zero, fmt.Errorf("idem: could not claim the key after %d tries", maxClaimTries)
+}
+
+// Key is the claimed key.
+func (l *Lease[T]) Key() Key { return l.key }
+
+// Attempt is the fencing token: 1 for the first holder, incremented by every
+// takeover. Pass it to the downstream service with the key, so that it can
+// refuse a request from a holder that was fenced out (a lower attempt than
+// one it has seen).
+func (l *Lease[T]) Attempt() int32 { return l.attempt }
+
+// RecoveryPoint is the last checkpoint a previous holder stored, or "" when
+// the work starts from the beginning.
+func (l *Lease[T]) RecoveryPoint() string { return l.point }
+
+// RecoveryData decodes the data stored with the last checkpoint into v. It
+// returns ErrNotFound when there is none.
+func (l *Lease[T]) RecoveryData(v any) error {
+	if l.point == "" || l.data == nil {
+		return fmt.Errorf("%w: no checkpoint data", ErrNotFound)
+	}
+	codec := l.cfg.codec
+	if codec == nil {
+		codec = JSONCodec{}
+	}
+	if b, ok := v.(*[]byte); ok && l.cfg.codec == nil {
+		*b = append((*b)[:0], l.data...)
+		return nil
+	}
+	return codec.Unmarshal(l.data, v)
+}
+
+// guarded runs one of the lease's guarded statements and turns "no row" into
+// ErrLeaseLost.
+func (l *Lease[T]) guarded(ctx context.Context, db DBTX, sql string, args ...any) error {
+	if db == nil {
+		return fmt.Errorf("%w: a lease call needs a database", ErrInvalidOption)
+	}
+	tag, err := db.Exec(ctx, sql, append([]any{l.key.Scope, l.key.ID, l.attempt}, args...)...)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("%w: key %q is no longer held at attempt %d", ErrLeaseLost, l.key.ID, l.attempt)
+	}
+	return nil
+}
+
+// Extend renews the lease for its full duration from now, by the database
+// clock: the heartbeat. It returns ErrLeaseLost if another worker took the
+// key over.
+func (l *Lease[T]) Extend(ctx context.Context, db DBTX) error {
+	return l.guarded(ctx, db, l.cfg.q.leaseUpdate, l.duration.Microseconds())
+}
+
+// KeepAlive renews the lease in the background every third of its duration:
+// the watchdog. It returns a context derived from ctx that is cancelled when
+// the lease is lost (a renewal returned ErrLeaseLost, or no renewal succeeded
+// for a whole lease duration), and a stop function that ends the renewals and
+// returns why they ended early (nil if they did not). Use the context for the
+// work the lease protects. Renewals stop when ctx ends.
+func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, func() error) {
+	workCtx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	var once sync.Once
+	var lost error
+	go func() {
+		defer close(done)
+		every := max(l.duration/3, time.Millisecond)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		lastOK := time.Now()
+		for {
+			select {
+			case <-workCtx.Done():
+				return
+			case <-t.C:
+			}
+			err := l.Extend(workCtx, db)
+			switch {
+			case err == nil:
+				lastOK = time.Now()
+			case errors.Is(err, ErrLeaseLost):
+				lost = err
+			case workCtx.Err() != nil:
+				return
+			case time.Since(lastOK) >= l.duration:
+				lost = fmt.Errorf("%w: no renewal succeeded for %v: %w", ErrLeaseLost, l.duration, err)
+			}
+			if lost != nil {
+				cancel(lost)
+				return
+			}
+		}
+	}()
+	stop := func() error {
+		once.Do(func() { cancel(context.Canceled) })
+		<-done
+		return lost
+	}
+	return workCtx, stop
+}
+
+// Checkpoint stores a recovery point and its data (encoded like results)
+// and renews the lease. A worker that takes the key over after this holder
+// stopped reads them with RecoveryPoint and RecoveryData and resumes from
+// there instead of starting again. It returns ErrLeaseLost if another worker
+// took the key over.
+func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data any) error {
+	if point == "" {
+		return fmt.Errorf("%w: Checkpoint needs a non-empty point", ErrInvalidOption)
+	}
+	enc, err := encodeValue[any](l.cfg.codec, data)
+	if err != nil {
+		return err
+	}
+	if err := l.guarded(ctx, db, l.cfg.q.leaseCheckpoint, point, enc, l.duration.Microseconds()); err != nil {
+		return err
+	}
+	l.point, l.data = point, enc
+	return nil
+}
+
+// Complete records v as the key's result, normally inside the transaction
+// that writes the work's business rows, so that both commit together. It
+// returns ErrLeaseLost if another worker took the key over: that transaction
+// must then roll back.
+func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
+	data, err := encodeValue(l.cfg.codec, v)
+	if err != nil {
+		return err
+	}
+	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusSucceeded, data)
+}
+
+// Fail records a permanent failure: later Claims of the key return it as a
+// *PermanentError. It returns ErrLeaseLost if another worker took the key
+// over.
+func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
+	if cause == nil {
+		return fmt.Errorf("%w: Fail needs an error", ErrInvalidOption)
+	}
+	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusFailed, []byte(cause.Error()))
+}
+
+// Release gives the key up without finishing: the lease ends now, so the
+// next Claim takes the key over at once (resuming from the last checkpoint).
+// It returns ErrLeaseLost if another worker took the key over already.
+func (l *Lease[T]) Release(ctx context.Context, db DBTX) error {
+	return l.guarded(ctx, db, l.cfg.q.leaseRelease)
+}

@@ -1,0 +1,104 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// PurgeOptions configures Purge. The zero value purges expired records in
+// batches of 1,000 and leaves the inbox alone.
+type PurgeOptions struct {
+	// BatchSize is the number of rows one DELETE removes; each batch is its
+	// own statement, so locks are held briefly. It defaults to 1,000.
+	BatchSize int
+	// InboxRetention, when positive, also purges inbox rows consumed longer
+	// ago than that (see PurgeInbox). Zero leaves the inbox alone.
+	InboxRetention time.Duration
+}
+
+// Purge deletes expired records (expires_at passed, by the database clock)
+// in batches until none is left, and returns how many rows it deleted
+// (records and, with InboxRetention, inbox rows). It never deletes a
+// processing record whose lease is still live, and it skips rows that
+// another transaction holds (FOR UPDATE SKIP LOCKED), so it neither waits for
+// an uncommitted claim nor makes one wait for long; a claim that races it
+// claims the key again and never sees an empty result. db is normally a pool.
+// WithTable and WithInboxTable name the tables.
+func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64, error) {
+	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 {
+		return 0, fmt.Errorf("%w: Purge needs a database and non-negative options", ErrInvalidOption)
+	}
+	if po.BatchSize == 0 {
+		po.BatchSize = 1000
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		tag, err := db.Exec(ctx, cfg.q.purge, po.BatchSize)
+		if err != nil {
+			return total, fmt.Errorf("idem: purging records: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(po.BatchSize) {
+			break
+		}
+	}
+	if po.InboxRetention > 0 {
+		n, err := PurgeInbox(ctx, db, po.InboxRetention, po.BatchSize, opts...)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// Purger runs Purge on an interval until its context ends. The zero value
+// is not usable: DB is required.
+type Purger struct {
+	// DB is where to purge, normally a pool.
+	DB DBTX
+	// Interval between runs. It defaults to one minute; each wait is
+	// jittered by ±20% so that many instances do not purge in step.
+	Interval time.Duration
+	// Options are passed to Purge.
+	Options PurgeOptions
+	// TableOptions name the tables (WithTable, WithInboxTable).
+	TableOptions []Option
+	// OnPurge, if set, is called after each run with the rows deleted and
+	// the run's error (nil on success). Run keeps going after errors.
+	OnPurge func(deleted int64, err error)
+}
+
+// Run purges at once, then every Interval, until ctx ends; it returns
+// ctx's error. A run's error does not stop it (see OnPurge).
+func (p *Purger) Run(ctx context.Context) error {
+	if p.DB == nil || p.Interval < 0 {
+		return fmt.Errorf("%w: Purger needs a DB and a non-negative Interval", ErrInvalidOption)
+	}
+	interval := p.Interval
+	if interval == 0 {
+		interval = time.Minute
+	}
+	for {
+		n, err := Purge(ctx, p.DB, p.Options, p.TableOptions...)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if p.OnPurge != nil {
+			p.OnPurge(n, err)
+		}
+		wait := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
+		if err := sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
+}
