@@ -17,16 +17,16 @@ const DefaultTTL = 24 * time.Hour
 type Option func(*config)
 
 type config struct {
-	ttl       time.Duration
-	noWait    bool
+	ttl    time.Duration
+	noWait bool
 	// requireIssued accepts only tokens from IssueToken.
 	requireIssued bool
-	codec     Codec
-	q         *queries      // the record table's statements
-	inbox     *inboxQueries // the inbox table's statements
-	txOptions pgx.TxOptions
-	retry     RetryPolicy
-	err       error
+	codec         Codec
+	q             *queries      // the record table's statements
+	inbox         *inboxQueries // the inbox table's statements
+	txOptions     pgx.TxOptions
+	retry         RetryPolicy
+	err           error
 }
 
 // WithTTL sets how long the record of a first execution is kept and replayed;
