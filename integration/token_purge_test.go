@@ -1,0 +1,238 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/integration/internal/pgtest"
+)
+
+func TestIssuedTokens(t *testing.T) {
+	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 20 })
+	s := pgtest.NewSchema(t, pool)
+	c := &counter{s: s}
+	ctx := context.Background()
+	req := idem.RequireIssued()
+
+	token, err := idem.IssueToken(ctx, pool, "user:1", time.Hour, s.Opt)
+	require.NoError(t, err)
+	require.Len(t, token, 52)
+	other, err := idem.IssueToken(ctx, pool, "user:1", time.Hour, s.Opt)
+	require.NoError(t, err)
+	require.NotEqual(t, token, other)
+	key := idem.Key{Scope: "user:1", ID: token}
+
+	// 20 concurrent submissions with the token: one execution, one answer.
+	var wg sync.WaitGroup
+	values := sync.Map{}
+	var errs atomic.Int64
+	for range 20 {
+		wg.Go(func() {
+			res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt, req)
+			if err != nil {
+				errs.Add(1)
+				t.Error(err)
+				return
+			}
+			values.Store(res.Value, true)
+		})
+	}
+	wg.Wait()
+	require.Zero(t, errs.Load())
+	n := 0
+	values.Range(func(any, any) bool { n++; return true })
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, s.CountEffects(t, pool, key))
+
+	// Reused after completion: replayed, not re-run.
+	require.NoError(t, inTx(t, pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+		res, err := idem.WithIdempotency(ctx, tx, key, c.fn(key), s.Opt, req)
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		return nil
+	}))
+	require.EqualValues(t, 1, c.runs.Load())
+
+	// Forged: the right shape for the scope, never issued.
+	forged := strings.Repeat("A", 43) + token[43:]
+	_, err = idem.Do(ctx, pool, idem.Key{Scope: "user:1", ID: forged}, c.fn(key), s.Opt, req)
+	require.ErrorIs(t, err, idem.ErrTokenUnknown)
+	require.ErrorIs(t, err, idem.ErrTokenRejected)
+	var te *idem.TokenError
+	require.ErrorAs(t, err, &te)
+	_, err = idem.Do(ctx, pool, idem.Key{Scope: "user:1", ID: "made-up"}, c.fn(key), s.Opt, req)
+	require.ErrorIs(t, err, idem.ErrTokenUnknown)
+
+	// Another user's token.
+	_, err = idem.Do(ctx, pool, idem.Key{Scope: "user:2", ID: other}, c.fn(key), s.Opt, req)
+	require.ErrorIs(t, err, idem.ErrTokenOtherScope)
+	_, _, err = idem.Claim[string](ctx, pool, idem.Key{Scope: "user:2", ID: other}, time.Minute, s.Opt, req)
+	require.ErrorIs(t, err, idem.ErrTokenOtherScope)
+
+	// Expired before use.
+	short, err := idem.IssueToken(ctx, pool, "user:1", 100*time.Millisecond, s.Opt)
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond)
+	_, err = idem.Do(ctx, pool, idem.Key{Scope: "user:1", ID: short}, c.fn(key), s.Opt, req)
+	require.ErrorIs(t, err, idem.ErrTokenExpired)
+	require.NoError(t, inTx(t, pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+		_, err := idem.WithIdempotency(ctx, tx, idem.Key{Scope: "user:1", ID: short}, c.fn(key), s.Opt, req)
+		require.ErrorIs(t, err, idem.ErrTokenExpired)
+		return nil
+	}))
+	_, _, err = idem.Claim[string](ctx, pool, idem.Key{Scope: "user:1", ID: short}, time.Minute, s.Opt, req)
+	require.ErrorIs(t, err, idem.ErrTokenExpired)
+
+	// Claim accepts an issued token once, then reports it in progress.
+	lt, err := idem.IssueToken(ctx, pool, "user:1", time.Hour, s.Opt)
+	require.NoError(t, err)
+	l, _, err := idem.Claim[string](ctx, pool, idem.Key{Scope: "user:1", ID: lt}, time.Minute, s.Opt, req)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, l.Attempt())
+	_, _, err = idem.Claim[string](ctx, pool, idem.Key{Scope: "user:1", ID: lt}, time.Minute, s.Opt, req)
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.NoError(t, l.Complete(ctx, pool, "done"))
+	_, res, err := idem.Claim[string](ctx, pool, idem.Key{Scope: "user:1", ID: lt}, time.Minute, s.Opt, req)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, "done", res.Value)
+
+	// Without RequireIssued any key works, tokens included.
+	res2, err := idem.Do(ctx, pool, idem.Key{Scope: "user:1", ID: "not-a-token"}, c.fn(key), s.Opt)
+	require.NoError(t, err)
+	require.False(t, res2.Replayed)
+	_, err = idem.IssueToken(ctx, pool, "bad\nscope", time.Hour, s.Opt)
+	require.ErrorIs(t, err, idem.ErrInvalidKey)
+}
+
+func TestPurge(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	// 2,500 expired records, 5 live ones, one expired record under a live
+	// lease, and one expired record another transaction holds.
+	_, err := pool.Exec(ctx, `INSERT INTO `+s.Records+` (scope, key, fingerprint, status, response, expires_at)
+		SELECT 's', 'old-' || g, '', 'succeeded', '1', clock_timestamp() - interval '1 minute' FROM generate_series(1, 2500) g;
+		INSERT INTO `+s.Records+` (scope, key, fingerprint, status, response, expires_at)
+		SELECT 's', 'new-' || g, '', 'succeeded', '1', clock_timestamp() + interval '1 hour' FROM generate_series(1, 5) g;
+		INSERT INTO `+s.Records+` (scope, key, fingerprint, status, locked_until, expires_at)
+		VALUES ('s', 'leased', '', 'processing', clock_timestamp() + interval '1 hour', clock_timestamp() - interval '1 minute'),
+		       ('s', 'held', '', 'succeeded', NULL, clock_timestamp() - interval '1 minute')`)
+	require.NoError(t, err)
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `SELECT FROM `+s.Records+` WHERE key = 'held' FOR UPDATE`)
+	require.NoError(t, err)
+
+	started := time.Now()
+	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: 1000}, s.Opt)
+	require.NoError(t, err)
+	require.Less(t, time.Since(started), 5*time.Second, "the purge did not wait for the held row")
+	require.EqualValues(t, 2500, n)
+	var keys []string
+	rows, err := pool.Query(ctx, `SELECT key FROM `+s.Records+` ORDER BY key`)
+	require.NoError(t, err)
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"held", "leased", "new-1", "new-2", "new-3", "new-4", "new-5"}, keys)
+	require.NoError(t, holder.Rollback(ctx))
+	n, err = idem.Purge(ctx, pool, idem.PurgeOptions{}, s.Opt)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the held row goes once released")
+
+	_, err = pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s.Name, "idem_inbox"}.Sanitize()+` (consumer, message_id, consumed_at)
+		SELECT 'c', 'm' || g, now() - interval '2 days' FROM generate_series(1, 30) g`)
+	require.NoError(t, err)
+	n, err = idem.Purge(ctx, pool, idem.PurgeOptions{InboxRetention: 24 * time.Hour}, s.Opt, s.InboxOpt)
+	require.NoError(t, err)
+	require.EqualValues(t, 30, n)
+	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: -1}, s.Opt)
+	require.ErrorIs(t, err, idem.ErrInvalidOption)
+}
+
+// A purge loop runs while 100 goroutines hammer keys that keep expiring:
+// no errors, no empty results, and every committed effect is an execution
+// somebody was told about (no duplicates).
+func TestPurgeLoopUnderLoad(t *testing.T) {
+	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 30 })
+	s := pgtest.NewSchema(t, pool)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var purged atomic.Int64
+	purger := &idem.Purger{DB: pool, Interval: 10 * time.Millisecond, TableOptions: []idem.Option{s.Opt},
+		OnPurge: func(n int64, err error) {
+			if err != nil && ctx.Err() == nil {
+				t.Errorf("purge: %v", err)
+			}
+			purged.Add(n)
+		}}
+	purgeDone := make(chan error, 1)
+	go func() { purgeDone <- purger.Run(ctx) }()
+
+	var (
+		mu         sync.Mutex
+		executions = map[string]bool{} // values reported with Replayed=false
+		replayed   = map[string]bool{}
+		calls      atomic.Int64
+	)
+	deadline := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for w := range 100 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(deadline); i++ {
+				key := idem.Key{Scope: "hammer", ID: fmt.Sprintf("k%d", (w+i)%10)}
+				res, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+					v := fmt.Sprintf("%s/w%d/i%d", key.ID, w, i)
+					return v, s.AddEffect(ctx, tx, key, v)
+				}, s.Opt, idem.WithTTL(30*time.Millisecond))
+				calls.Add(1)
+				if err != nil {
+					t.Errorf("Do: %v", err)
+					return
+				}
+				if res.Value == "" {
+					t.Error("an empty result")
+					return
+				}
+				mu.Lock()
+				if res.Replayed {
+					replayed[res.Value] = true
+				} else {
+					if executions[res.Value] {
+						t.Errorf("%s reported as a first execution twice", res.Value)
+					}
+					executions[res.Value] = true
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	cancel()
+	require.ErrorIs(t, <-purgeDone, context.Canceled)
+
+	rows, err := pool.Query(context.Background(), `SELECT value FROM `+s.Effects)
+	require.NoError(t, err)
+	effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, effects, len(executions), "one committed effect per reported execution")
+	for _, v := range effects {
+		require.True(t, executions[v], "effect %s was never reported as executed", v)
+	}
+	for v := range replayed {
+		require.True(t, executions[v], "replayed %s was never executed", v)
+	}
+	require.Positive(t, purged.Load())
+	t.Logf("%d calls, %d executions, %d distinct replays, %d records purged", calls.Load(), len(executions), len(replayed), purged.Load())
+}
