@@ -8,10 +8,12 @@ import (
 )
 
 // PurgeOptions configures Purge. The zero value purges expired records in
-// batches of 1,000 and leaves the inbox alone.
+// batches of 10,000 and leaves the inbox alone.
 type PurgeOptions struct {
 	// BatchSize is the number of rows one DELETE removes; each batch is its
-	// own statement, so locks are held briefly. It defaults to 1,000.
+	// own statement, so its row locks are held for tens of milliseconds. It
+	// defaults to 10,000 (measured faster, and kinder to concurrent claims,
+	// than 1,000: see the README).
 	BatchSize int
 	// InboxRetention, when positive, also purges inbox rows consumed longer
 	// ago than that (see PurgeInbox). Zero leaves the inbox alone.
@@ -31,7 +33,7 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative options", ErrInvalidOption)
 	}
 	if po.BatchSize == 0 {
-		po.BatchSize = 1000
+		po.BatchSize = 10_000
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {

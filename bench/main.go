@@ -18,6 +18,8 @@
 //	            check, against StateMachine.Transition
 //	inbox       a new message per operation whose handler inserts one row: a bare
 //	            transaction, against the same inside ConsumeOnce
+//	purge       Claim+Complete throughput and p99 alone, then while Purge deletes
+//	            1,000,000 expired records (-purge-rows); the purge rate
 //
 // Rounds rotate the order of the variants, and the report gives each
 // variant's median throughput and the median of its per-round ratios to the
@@ -72,12 +74,15 @@ type suite struct {
 	about    string
 	setup    func(ctx context.Context, pool *pgxpool.Pool) error
 	variants []variant
+	// custom, when set, replaces the interleaved comparison of variants.
+	custom func(ctx context.Context, pool *pgxpool.Pool, workers, rounds int, duration time.Duration) (string, error)
 }
 
 var suites = []suite{
 	{name: "core", about: "one INSERT per operation; every key new", variants: coreVariants},
 	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
 	{name: "inbox", about: "one message per operation, each new; the handler inserts one row", variants: inboxVariants},
+	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
 }
 
 var coreVariants = []variant{
@@ -240,7 +245,9 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, purge")
+	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
+	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size")
 	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
@@ -316,7 +323,7 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, purge)", n)
 		}
 	}
 	var workerCounts []int
@@ -374,7 +381,11 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 			}
 		}
 		for _, workers := range workerCounts {
-			table, err := runSuite(ctx, pool, su, workers, rounds, duration, warmup)
+			run := func() (string, error) { return runSuite(ctx, pool, su, workers, rounds, duration, warmup) }
+			if su.custom != nil {
+				run = func() (string, error) { return su.custom(ctx, pool, workers, rounds, duration) }
+			}
+			table, err := run()
 			if err != nil {
 				return err
 			}
