@@ -59,30 +59,39 @@ const spCreate = "idem_create"
 // savepoint inside tx, and a unique violation (SQLSTATE 23505) rolls back to
 // it and runs lookup instead, leaving tx usable. Other errors from insert are
 // returned after the savepoint is rolled back, so tx stays usable then too.
+// Under REPEATABLE READ or SERIALIZABLE, a row committed after the snapshot
+// yields an error matching IsRetryable (SQLSTATE 40001).
 func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ...any) (created bool, err error) {
 	if tx == nil || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGetTx needs a transaction, an insert and a lookup", ErrInvalidOption)
 	}
 	for range maxClaimTries {
+		inserted := false
 		b := &pgx.Batch{}
 		b.Queue("SAVEPOINT " + spCreate)
-		b.Queue(insert.SQL, insert.Args...).QueryRow(func(r pgx.Row) error { return r.Scan(dest...) })
-		b.Queue("RELEASE SAVEPOINT " + spCreate)
+		b.Queue(insert.SQL, insert.Args...).QueryRow(func(r pgx.Row) error {
+			err := r.Scan(dest...)
+			inserted = err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // it had its own ON CONFLICT DO NOTHING
+			}
+			return err
+		})
 		err := tx.SendBatch(ctx, b).Close()
-		if err == nil {
+		if err == nil && inserted {
+			// Released only now, so that a failed scan is rolled back too.
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spCreate); err != nil {
+				return false, err
+			}
 			return true, nil
 		}
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			// The insert ran and returned nothing (it had its own ON
-			// CONFLICT DO NOTHING); the savepoint is released already.
-		case pgCode(err) == "":
-			return false, err // not a statement error: the connection is gone
-		default:
-			// The server skipped the RELEASE after the failed insert.
-			if rerr := rollbackTo(ctx, tx, spCreate); rerr != nil {
-				return false, errors.Join(err, rerr)
-			}
+		if err != nil && pgCode(err) == "" && tx.Conn() != nil && tx.Conn().IsClosed() {
+			return false, err // the connection is gone
+		}
+		if rerr := rollbackTo(ctx, tx, spCreate); rerr != nil {
+			return false, errors.Join(err, rerr)
+		}
+		if err != nil {
 			if _, ok := UniqueViolation(err); !ok {
 				return false, err
 			}
@@ -93,6 +102,16 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return false, err
+		}
+		// The row that conflicted is not visible: deleted since, or, under
+		// REPEATABLE READ and SERIALIZABLE, committed after the snapshot.
+		var iso string
+		if err := tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil {
+			return false, err
+		}
+		if iso != "read committed" {
+			return false, &pgconn.PgError{Code: sqlstateSerializationFailure,
+				Message: "idem: InsertOrGetTx: the existing row was committed after this transaction's snapshot; retry the transaction"}
 		}
 	}
 	return false, errors.New("idem: InsertOrGetTx: the row kept vanishing between the insert and the lookup")

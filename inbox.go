@@ -27,7 +27,7 @@ func buildInboxQueries(t string) *inboxQueries {
 		insert: `INSERT INTO ` + t + ` (consumer, message_id) VALUES ($1, $2)
 	ON CONFLICT (consumer, message_id) DO NOTHING RETURNING true`,
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM ` + t + ` WHERE consumed_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+	SELECT ctid FROM ` + t + ` WHERE consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
 	LIMIT $2 FOR UPDATE SKIP LOCKED))`,
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,6 +31,8 @@ type Lease[T any] struct {
 	data     []byte
 	duration time.Duration
 	cfg      config
+	granted  time.Time   // when the claim was sent: the lease runs from about then
+	finished atomic.Bool // Complete, Fail or Release was called: stop renewing
 }
 
 // Claim claims key for work outside a transaction and commits the claim: a
@@ -47,7 +50,15 @@ type Lease[T any] struct {
 //
 // db should be a pool or a connection, so that the claim commits at once
 // and Claim waits at most 100ms for a row another transaction holds. With a
-// pgx.Tx the claim commits with that transaction.
+// pgx.Tx the claim commits with that transaction, which also keeps the
+// record's row locked until it ends, even when Claim did not take the key
+// (the holder's lease calls then wait for it).
+//
+// Fencing: Extend, Checkpoint, Complete, Fail and Release check the attempt
+// number, and answer ErrLeaseLost once another worker took the key over.
+// Inside a REPEATABLE READ or SERIALIZABLE transaction, a change committed
+// after its snapshot (another holder's renewal, say) fails them with SQLSTATE
+// 40001 instead; the transaction must roll back either way.
 func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, opts ...Option) (*Lease[T], Result[T], error) {
 	var zero Result[T]
 	if err := key.Validate(); err != nil {
@@ -72,7 +83,7 @@ func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, op
 	_, inTx := db.(pgx.Tx)
 
 	for range maxClaimTries {
-		l := &Lease[T]{key: key, duration: lease, cfg: cfg}
+		l := &Lease[T]{key: key, duration: lease, cfg: cfg, granted: time.Now()}
 		var rec record
 		claimed, found := false, false
 		b := &pgx.Batch{}
@@ -183,11 +194,15 @@ func (l *Lease[T]) Extend(ctx context.Context, db DBTX) error {
 }
 
 // KeepAlive renews the lease in the background every third of its duration:
-// the watchdog. It returns a context derived from ctx that is cancelled when
-// the lease is lost (a renewal returned ErrLeaseLost, or no renewal succeeded
-// for a whole lease duration), and a stop function that ends the renewals and
-// returns why they ended early (nil if they did not). Use the context for the
-// work the lease protects. Renewals stop when ctx ends.
+// the watchdog. It returns a context derived from ctx that is cancelled, with
+// a cause matching ErrLeaseLost, when the lease is lost: a renewal found it
+// taken over, or no renewal succeeded within a lease duration of the last
+// one sent (a renewal that hangs counts as failed when the lease it would
+// extend has run out). Use that context for the work the lease protects.
+// stop ends the renewals and returns why they ended early (nil if they did
+// not, or if ctx ended them). Renewals stop once Complete, Fail or Release is
+// called. KeepAlive uses db concurrently with the holder's own calls, so db
+// should be a pool.
 func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, func() error) {
 	workCtx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
@@ -198,28 +213,42 @@ func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, fun
 		every := max(l.duration/3, time.Millisecond)
 		t := time.NewTicker(every)
 		defer t.Stop()
-		lastOK := time.Now()
+		// Time spent on the application clock since a request was sent can
+		// only understate how long the server has counted, so the lease is
+		// known to hold until lastSent + duration at most.
+		lastSent := l.granted
 		for {
 			select {
 			case <-workCtx.Done():
 				return
 			case <-t.C:
 			}
-			err := l.Extend(workCtx, db)
-			switch {
-			case err == nil:
-				lastOK = time.Now()
-			case errors.Is(err, ErrLeaseLost):
-				lost = err
-			case workCtx.Err() != nil:
+			if l.finished.Load() {
 				return
-			case time.Since(lastOK) >= l.duration:
-				lost = fmt.Errorf("%w: no renewal succeeded for %v: %w", ErrLeaseLost, l.duration, err)
 			}
-			if lost != nil {
+			sent := time.Now()
+			deadline := lastSent.Add(l.duration)
+			if !sent.Before(deadline) {
+				lost = fmt.Errorf("%w: no renewal succeeded within %v", ErrLeaseLost, l.duration)
 				cancel(lost)
 				return
 			}
+			extCtx, cancelExt := context.WithDeadline(workCtx, deadline)
+			err := l.Extend(extCtx, db)
+			cancelExt()
+			switch {
+			case l.finished.Load():
+				return // completed (or released) meanwhile: not a loss
+			case err == nil:
+				lastSent = sent
+			case errors.Is(err, ErrLeaseLost):
+				lost = err
+				cancel(lost)
+				return
+			case ctx.Err() != nil:
+				return
+			}
+			// Other errors: try again at the next tick, until the deadline.
 		}
 	}()
 	stop := func() error {
@@ -259,7 +288,8 @@ func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
 	if err != nil {
 		return err
 	}
-	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusSucceeded, data)
+	l.finished.Store(true)
+	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusSucceeded, data, l.cfg.ttl.Microseconds())
 }
 
 // Fail records a permanent failure: later Claims of the key return it as a
@@ -269,12 +299,14 @@ func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
 	if cause == nil {
 		return fmt.Errorf("%w: Fail needs an error", ErrInvalidOption)
 	}
-	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusFailed, []byte(cause.Error()))
+	l.finished.Store(true)
+	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusFailed, []byte(cause.Error()), l.cfg.ttl.Microseconds())
 }
 
 // Release gives the key up without finishing: the lease ends now, so the
 // next Claim takes the key over at once (resuming from the last checkpoint).
 // It returns ErrLeaseLost if another worker took the key over already.
 func (l *Lease[T]) Release(ctx context.Context, db DBTX) error {
+	l.finished.Store(true)
 	return l.guarded(ctx, db, l.cfg.q.leaseRelease)
 }

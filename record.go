@@ -143,9 +143,10 @@ const leaseTakeoverSet = `status = 'processing', fingerprint = excluded.fingerpr
 
 // leaseTakeable: the record expired, is an unclaimed token, or is a
 // processing record of the same request whose lease ran out.
-const leaseTakeable = `(r.expires_at <= clock_timestamp() OR r.status = 'issued'
-	OR (r.status = 'processing' AND (r.locked_until IS NULL OR r.locked_until <= clock_timestamp())
-		AND r.fingerprint = excluded.fingerprint))`
+// A live lease is never taken over, whatever the record's expiry says.
+const leaseTakeable = `((r.locked_until IS NULL OR r.locked_until <= clock_timestamp())
+	AND (r.expires_at <= clock_timestamp() OR r.status = 'issued'
+		OR (r.status = 'processing' AND r.fingerprint = excluded.fingerprint)))`
 
 func buildQueries(t string) *queries {
 	// Expiry counts from the claim (the database clock now, not the start of a
@@ -158,8 +159,8 @@ func buildQueries(t string) *queries {
 	locked_until = NULL, recovery_point = NULL,
 	created_at = now(), updated_at = now(), expires_at = ` + ttlExpr
 	// takeable mirrors record.takeable.
-	const takeable = `(expires_at <= clock_timestamp() OR status = 'issued'
-	OR (status = 'processing' AND (locked_until IS NULL OR locked_until <= clock_timestamp())))`
+	const takeable = `((locked_until IS NULL OR locked_until <= clock_timestamp())
+	AND (expires_at <= clock_timestamp() OR status IN ('issued', 'processing')))`
 	return &queries{
 		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
 	VALUES ($1, $2, $3, 'processing', 1, now(), now(), ` + ttlExpr + `)
@@ -186,23 +187,33 @@ RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, f
 		AND r.expires_at > clock_timestamp() AND ` + leaseTakeable + `
 	RETURNING r.attempt, coalesce(r.recovery_point, ''), r.response`,
 
-		leaseUpdate: `UPDATE ` + t + ` SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond', updated_at = now()
+		// The record outlives its lease: expires_at never falls before
+		// locked_until, nor a finished record's before its TTL.
+		leaseUpdate: `UPDATE ` + t + ` SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond', updated_at = now(),
+	expires_at = greatest(expires_at, clock_timestamp() + $4::bigint * interval '1 microsecond')
 	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
 
 		leaseCheckpoint: `UPDATE ` + t + ` SET recovery_point = $4, response = $5, updated_at = now(),
-	locked_until = clock_timestamp() + $6::bigint * interval '1 microsecond'
+	locked_until = clock_timestamp() + $6::bigint * interval '1 microsecond',
+	expires_at = greatest(expires_at, clock_timestamp() + $6::bigint * interval '1 microsecond')
 	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
 
-		leaseFinish: `UPDATE ` + t + ` SET status = $4, response = $5, locked_until = NULL, recovery_point = NULL, updated_at = now()
+		leaseFinish: `UPDATE ` + t + ` SET status = $4, response = $5, locked_until = NULL, recovery_point = NULL, updated_at = now(),
+	expires_at = greatest(expires_at, clock_timestamp() + $6::bigint * interval '1 microsecond')
 	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
 
 		leaseRelease: `UPDATE ` + t + ` SET locked_until = clock_timestamp() - interval '1 microsecond', updated_at = now()
 	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
 
+		// statement_timestamp(), being stable, lets the expires_at index
+		// find the batch. Lease-mode records (locked_until set) still
+		// processing are never purged: a new record would restart the
+		// fencing token at 1 while a paused holder of attempt 1 could still
+		// wake up; the next Claim of the key takes them over instead.
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM ` + t + `
-	WHERE expires_at <= clock_timestamp()
-		AND NOT (status = 'processing' AND locked_until IS NOT NULL AND locked_until > clock_timestamp())
+	WHERE expires_at <= statement_timestamp()
+		AND NOT (status = 'processing' AND locked_until IS NOT NULL)
 	LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 
 		read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
@@ -259,10 +270,10 @@ func (r *record) scanTargets(withClaimed bool) []any {
 // expired, or it is a processing record that nobody holds (an expired lease,
 // or a transactional claim that was committed without completion).
 func (r *record) takeable() bool {
-	if r.expired || r.status == StatusIssued {
-		return true
+	if r.leased && r.leaseLive {
+		return false // a live lease, whatever the record's expiry
 	}
-	return r.status == StatusProcessing && (!r.leased || !r.leaseLive)
+	return r.expired || r.status == StatusIssued || r.status == StatusProcessing
 }
 
 // fingerprintMatches reports whether the record was made for the same

@@ -96,6 +96,11 @@ func checkTokenShape(key Key) error {
 // UPDATE of the issued record (never an INSERT), a repeat after completion
 // is replayed, and an unknown, expired or other-scope token fails with a
 // *TokenError before fn runs.
+//
+// The scope tag inside a token only tells a token used in the wrong scope
+// from a forged one; what makes a token valid is its issued record. Calls
+// without RequireIssued can create records under any key, so a scope whose
+// keys must all be issued should always be used with RequireIssued.
 func RequireIssued() Option {
 	return func(c *config) { c.requireIssued = true }
 }

@@ -271,3 +271,21 @@ func TestPurgeInboxByAge(t *testing.T) {
 	_, err = idem.PurgeInbox(ctx, pool, 0, 0, s.InboxOpt)
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
+
+func TestInsertOrGetTxRepeatableRead(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	table := signupTable(t, pool, s)
+	ctx := context.Background()
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "SELECT 1") // the snapshot
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+table+` (user_id, activity_id) VALUES (3, 4)`)
+	require.NoError(t, err)
+	var id int64
+	_, err = idem.InsertOrGetTx(ctx, tx, idem.Query{SQL: `INSERT INTO ` + table + ` (user_id, activity_id) VALUES (3, 4) RETURNING id`},
+		idem.Query{SQL: `SELECT id FROM ` + table + ` WHERE user_id = 3 AND activity_id = 4`}, &id)
+	require.True(t, idem.IsRetryable(err), "want a retryable error, got %v", err)
+}

@@ -284,3 +284,69 @@ func TestOnlyTheDatabaseClockDecides(t *testing.T) {
 	_, err = idem.Purge(ctx, db, idem.PurgeOptions{InboxRetention: time.Hour}, s.Opt, s.InboxOpt)
 	require.NoError(t, err)
 }
+
+// A lease longer than the record's TTL stays live: the record outlives it,
+// and a finished record lives a full TTL from completion.
+func TestLeaseOutlivesTTL(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	key := idem.Key{Scope: "shop", ID: "long"}
+	ttl := idem.WithTTL(200 * time.Millisecond)
+	l, _, err := idem.Claim[charge](ctx, pool, key, 800*time.Millisecond, s.Opt, ttl)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond)
+	_, _, err = idem.Claim[charge](ctx, pool, key, time.Second, s.Opt, ttl)
+	require.ErrorIs(t, err, idem.ErrInProgress, "a live lease is never taken over")
+	require.NoError(t, inTx(t, pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+		_, err := idem.WithIdempotency(ctx, tx, key, func(context.Context, pgx.Tx) (int, error) { return 0, nil }, s.Opt, ttl)
+		require.ErrorIs(t, err, idem.ErrInProgress)
+		return nil
+	}))
+	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{}, s.Opt)
+	require.NoError(t, err)
+	require.Zero(t, n, "a lease record is not purged")
+	require.NoError(t, l.Extend(ctx, pool))
+	require.NoError(t, l.Complete(ctx, pool, charge{ChargeID: "c"}))
+	_, res, err := idem.Claim[charge](ctx, pool, key, time.Second, s.Opt, ttl)
+	require.NoError(t, err)
+	require.True(t, res.Replayed, "the finished record lives a TTL from completion")
+}
+
+// The watchdog stops quietly once the holder completes.
+func TestKeepAliveAfterComplete(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	l, _, err := idem.Claim[charge](ctx, pool, idem.Key{Scope: "shop", ID: "done"}, 150*time.Millisecond, s.Opt)
+	require.NoError(t, err)
+	workCtx, stop := l.KeepAlive(ctx, pool)
+	tx, err := pool.Begin(workCtx)
+	require.NoError(t, err)
+	require.NoError(t, l.Complete(workCtx, tx, charge{ChargeID: "c"}))
+	time.Sleep(200 * time.Millisecond) // a renewal tick meets the locked row
+	require.NoError(t, tx.Commit(workCtx))
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, workCtx.Err(), "the completed lease is not reported lost")
+	require.NoError(t, stop())
+}
+
+// Purge leaves lease records whose lease ran out: the next Claim takes them
+// over with a higher fencing token, instead of starting again at 1.
+func TestPurgeKeepsAbandonedLeases(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	key := idem.Key{Scope: "shop", ID: "abandoned"}
+	ttl := idem.WithTTL(100 * time.Millisecond)
+	l, _, err := idem.Claim[charge](ctx, pool, key, 100*time.Millisecond, s.Opt, ttl)
+	require.NoError(t, err)
+	time.Sleep(250 * time.Millisecond)
+	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{}, s.Opt)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	l2, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt, ttl)
+	require.NoError(t, err)
+	require.Greater(t, l2.Attempt(), l.Attempt())
+	require.ErrorIs(t, l.Extend(ctx, pool), idem.ErrLeaseLost)
+}
