@@ -279,7 +279,7 @@ func TestInsertOrGetTxRepeatableRead(t *testing.T) {
 	ctx := context.Background()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)            //nolint:errcheck
 	_, err = tx.Exec(ctx, "SELECT 1") // the snapshot
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO `+table+` (user_id, activity_id) VALUES (3, 4)`)
