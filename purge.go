@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // PurgeOptions configures Purge. The zero value purges expired records in
@@ -23,11 +26,14 @@ type PurgeOptions struct {
 // Purge deletes expired records (expires_at passed, by the database clock)
 // in batches until none is left, and returns how many rows it deleted
 // (records and, with InboxRetention, inbox rows). It never deletes a
-// processing record whose lease is still live, and it skips rows that
-// another transaction holds (FOR UPDATE SKIP LOCKED), so it neither waits for
-// an uncommitted claim nor makes one wait for long; a claim that races it
-// claims the key again and never sees an empty result. db is normally a pool.
-// WithTable and WithInboxTable name the tables.
+// lease-mode record still processing (its lease live or run out: the next
+// Claim of the key takes it over with a higher fencing token). An uncommitted
+// claim is invisible to it; a row another transaction holds (a takeover in
+// flight) makes a batch wait at most 20ms, after which the batch is redone
+// skipping such rows (FOR UPDATE SKIP LOCKED), so Purge never waits longer
+// for a claim, and a claim that races it claims the key again and never sees
+// an empty result. db is normally a pool; inside a pgx.Tx every batch skips
+// held rows. WithTable and WithInboxTable name the tables.
 func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64, error) {
 	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 {
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative options", ErrInvalidOption)
@@ -39,17 +45,18 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 	if err != nil {
 		return 0, err
 	}
+	_, inTx := db.(pgx.Tx)
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		tag, err := db.Exec(ctx, cfg.q.purge, po.BatchSize)
+		n, err := purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
 		if err != nil {
 			return total, fmt.Errorf("idem: purging records: %w", err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(po.BatchSize) {
+		total += n
+		if n < int64(po.BatchSize) {
 			break
 		}
 	}
@@ -61,6 +68,33 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 		}
 	}
 	return total, nil
+}
+
+// purgeLockTimeout bounds how long a purge batch waits for a row another
+// transaction holds before it retries the batch skipping such rows.
+const purgeLockTimeout = "20ms"
+
+// purgeBatch deletes one batch. The plain DELETE runs under a short
+// lock_timeout (the batch is one implicit transaction, so the setting ends
+// with it); if it meets a row another transaction holds, the batch is done
+// again with FOR UPDATE SKIP LOCKED. Inside a caller's transaction only the
+// skipping form is used, leaving its settings alone.
+func purgeBatch(ctx context.Context, db DBTX, q *queries, size int, inTx bool) (int64, error) {
+	if !inTx {
+		var n int64
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, purgeLockTimeout)
+		b.Queue(q.purge, size).Exec(func(ct pgconn.CommandTag) error { n = ct.RowsAffected(); return nil })
+		err := db.SendBatch(ctx, b).Close()
+		if err == nil {
+			return n, nil
+		}
+		if pgCode(err) != sqlstateLockNotAvailable {
+			return 0, err
+		}
+	}
+	tag, err := db.Exec(ctx, q.purgeSkipLocked, size)
+	return tag.RowsAffected(), err
 }
 
 // Purger runs Purge on an interval until its context ends. The zero value

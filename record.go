@@ -93,9 +93,9 @@ type queries struct {
 	// guarded by status = 'processing' AND attempt = $3.
 	leaseClaim, leaseClaimIssued                            string
 	leaseUpdate, leaseCheckpoint, leaseFinish, leaseRelease string
-	// purge deletes a batch of expired records, skipping live leases and
-	// rows other transactions hold.
-	purge string
+	// purge deletes a batch of expired records (never a lease record still
+	// processing); purgeSkipLocked also skips rows other transactions hold.
+	purge, purgeSkipLocked string
 	// read returns the record of a key.
 	read string
 	// takeover re-claims an expired or orphaned record, waiting for a
@@ -211,6 +211,16 @@ RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, f
 		// fencing token at 1 while a paused holder of attempt 1 could still
 		// wake up; the next Claim of the key takes them over instead.
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM ` + t + `
+	WHERE expires_at <= statement_timestamp()
+		AND NOT (status = 'processing' AND locked_until IS NOT NULL)
+	LIMIT $1))
+	AND expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)`,
+
+		// purgeSkipLocked is purge for a batch that met a row another
+		// transaction holds: locking each row first costs twice the WAL, so
+		// it is the fallback, not the rule.
+		purgeSkipLocked: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM ` + t + `
 	WHERE expires_at <= statement_timestamp()
 		AND NOT (status = 'processing' AND locked_until IS NOT NULL)
