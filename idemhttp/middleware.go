@@ -1,0 +1,337 @@
+// Package idemhttp puts idem behind HTTP: server middleware that follows the
+// IETF draft "The Idempotency-Key HTTP Header Field"
+// (draft-ietf-httpapi-idempotency-key-header-07), and a client Transport
+// that sends a key and retries with it.
+//
+// # Server
+//
+// Middleware wraps a net/http handler (ServeMux, chi; echo and gin through
+// their net/http adapters). For the configured methods it reads the
+// Idempotency-Key header, derives the scope from the request (the
+// authenticated caller) and a fingerprint of the request, and runs the
+// handler once per (scope, key) inside a database transaction, which the
+// handler reaches with Tx. The handler's response (status, allow-listed
+// headers and body) is recorded in the same commit as the handler's writes
+// and replayed, with Idempotent-Replayed: true, to every later request with
+// the key.
+//
+//   - Missing key (when required) or malformed key: 400.
+//   - A request with the key still in flight: 409 with Retry-After (or, with
+//     Config.Wait, the request waits and gets the replay).
+//   - The key reused with another request (method, path, query or body): 422.
+//   - Responses 2xx-4xx are recorded, except 408, 409 and 429. A 5xx, one of
+//     those three, or a panic rolls the transaction back and records nothing,
+//     so a retry runs the handler again.
+//   - A response larger than Config.MaxResponseBody: 500, nothing recorded.
+//
+// The middleware's own errors are RFC 9457 problem details
+// (application/problem+json).
+//
+// Retention: a key's record is kept for Config.TTL (24 hours by default)
+// after its first request, measured by the database clock; a request with the
+// key after that runs the handler again. idem.Purge deletes expired records.
+// Keys are scoped: the same key sent by two callers names two requests.
+//
+// # Client
+//
+// Transport adds a key to each request of the configured methods that has
+// none, and retries connection errors, timeouts, 409, 429, 502, 503 and 504
+// with the same key, so a request whose response was lost is answered from
+// the record instead of running twice.
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// Config configures Middleware. Only Scope is required.
+type Config struct {
+	// Scope returns the owner of the request's keys: the authenticated user
+	// or tenant. Keys never match across scopes, so one caller's key can
+	// never replay another caller's response. An error answers 401.
+	// Required.
+	Scope func(r *http.Request) (string, error)
+	// Methods the middleware applies to. It defaults to POST and PATCH;
+	// other requests pass through untouched.
+	Methods []string
+	// Optional lets requests without an Idempotency-Key through, without a
+	// transaction (Tx returns nil), for gradual rollout. By default the key
+	// is required and its absence answers 400.
+	Optional bool
+	// Fingerprint digests a request so that a key reused for another
+	// request is refused (422). It defaults to SHA-256 over the method, the
+	// path, the raw query and the body.
+	Fingerprint func(r *http.Request, body []byte) []byte
+	// RecordHeaders lists the response headers that are recorded and
+	// replayed. It defaults to Content-Type, Content-Language, Location and
+	// Content-Location.
+	RecordHeaders []string
+	// MaxRequestBody caps the request body read for the fingerprint. It
+	// defaults to 1 MiB; a larger body answers 413.
+	MaxRequestBody int64
+	// MaxResponseBody caps the recorded response body. It defaults to 1 MiB;
+	// a larger response answers 500 and nothing is recorded.
+	MaxResponseBody int64
+	// Wait makes a request whose key is in flight wait for the first one and
+	// get its replay, instead of an immediate 409.
+	Wait bool
+	// RetryAfter is the Retry-After sent with a 409. It defaults to 1s.
+	RetryAfter time.Duration
+	// TTL is how long a record is kept and replayed. It defaults to 24h.
+	TTL time.Duration
+	// Options are passed to idem.Do (idem.WithTable, idem.WithTxOptions,
+	// idem.RequireIssued, ...).
+	Options []idem.Option
+}
+
+var defaultRecordHeaders = []string{"Content-Type", "Content-Language", "Location", "Content-Location"}
+
+// Middleware returns the idempotency middleware over db (normally a
+// *pgxpool.Pool). It fails when Scope is missing or a size is negative.
+func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler, error) {
+	if db == nil || cfg.Scope == nil {
+		return nil, fmt.Errorf("%w: idemhttp.Middleware needs a database and Config.Scope", idem.ErrInvalidOption)
+	}
+	if cfg.MaxRequestBody < 0 || cfg.MaxResponseBody < 0 || cfg.RetryAfter < 0 || cfg.TTL < 0 {
+		return nil, fmt.Errorf("%w: idemhttp.Config sizes and durations must not be negative", idem.ErrInvalidOption)
+	}
+	if len(cfg.Methods) == 0 {
+		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if cfg.Fingerprint == nil {
+		cfg.Fingerprint = DefaultFingerprint
+	}
+	if cfg.RecordHeaders == nil {
+		cfg.RecordHeaders = defaultRecordHeaders
+	}
+	if cfg.MaxRequestBody == 0 {
+		cfg.MaxRequestBody = 1 << 20
+	}
+	if cfg.MaxResponseBody == 0 {
+		cfg.MaxResponseBody = 1 << 20
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = time.Second
+	}
+	opts := slices.Clone(cfg.Options)
+	if cfg.TTL > 0 {
+		opts = append(opts, idem.WithTTL(cfg.TTL))
+	}
+	if !cfg.Wait {
+		opts = append(opts, idem.NoWait())
+	}
+	for i, h := range cfg.RecordHeaders {
+		cfg.RecordHeaders[i] = http.CanonicalHeaderKey(h)
+	}
+	return func(next http.Handler) http.Handler {
+		return &middleware{db: db, cfg: cfg, opts: opts, next: next}
+	}, nil
+}
+
+// DefaultFingerprint is SHA-256 over the method, path, raw query and body,
+// each followed by a NUL byte.
+func DefaultFingerprint(r *http.Request, body []byte) []byte {
+	h := sha256.New()
+	for _, s := range []string{r.Method, r.URL.Path, r.URL.RawQuery} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	h.Write(body)
+	return h.Sum(nil)
+}
+
+type txKey struct{}
+
+// Tx returns the request's transaction inside a handler wrapped by
+// Middleware, or nil when the request passed through without one. The
+// handler must not commit or roll it back.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
+	return tx
+}
+
+type middleware struct {
+	db   idem.TxBeginner
+	cfg  Config
+	opts []idem.Option
+	next http.Handler
+}
+
+// response is what is recorded and replayed.
+type response struct {
+	Status int                 `json:"status"`
+	Header map[string][]string `json:"header,omitempty"`
+	Body   []byte              `json:"body,omitempty"`
+}
+
+// notRecorded carries a response that must not be recorded (5xx, 408, 409,
+// 429) out of idem.Do, which rolls the transaction back.
+type notRecorded struct{ resp response }
+
+func (e *notRecorded) Error() string {
+	return fmt.Sprintf("idemhttp: status %d is not recorded", e.resp.Status)
+}
+
+var errTooLarge = errors.New("idemhttp: the response exceeds the recording limit")
+
+func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !slices.Contains(m.cfg.Methods, r.Method) {
+		m.next.ServeHTTP(w, r)
+		return
+	}
+	key, err := ParseKey(r.Header)
+	switch {
+	case errors.Is(err, ErrNoKey) && m.cfg.Optional:
+		m.next.ServeHTTP(w, r)
+		return
+	case errors.Is(err, ErrNoKey):
+		problem(w, http.StatusBadRequest, "idempotency-key-missing", "This request needs an Idempotency-Key header.")
+		return
+	case err != nil:
+		problem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
+		return
+	}
+	scope, err := m.cfg.Scope(r)
+	if err != nil {
+		problem(w, http.StatusUnauthorized, "scope-unknown", "The caller could not be identified: "+err.Error())
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, m.cfg.MaxRequestBody+1))
+	if err != nil {
+		problem(w, http.StatusBadRequest, "body-unreadable", err.Error())
+		return
+	}
+	if int64(len(body)) > m.cfg.MaxRequestBody {
+		problem(w, http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxRequestBody))
+		return
+	}
+	ikey := idem.Key{Scope: scope, ID: key, Fingerprint: m.cfg.Fingerprint(r, body)}
+
+	res, err := idem.Do(r.Context(), m.db, ikey, func(ctx context.Context, tx pgx.Tx) (response, error) {
+		rec := newRecorder(m.cfg.MaxResponseBody)
+		req := r.WithContext(context.WithValue(ctx, txKey{}, tx))
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		m.next.ServeHTTP(rec, req)
+		if rec.tooLarge {
+			return response{}, errTooLarge
+		}
+		resp := rec.response(m.cfg.RecordHeaders)
+		if s := resp.Status; s >= 500 || s == http.StatusRequestTimeout || s == http.StatusConflict || s == http.StatusTooManyRequests {
+			resp.Header = rec.header // the client gets every header, as sent
+			return response{}, &notRecorded{resp: resp}
+		}
+		return resp, nil
+	}, m.opts...)
+
+	var nr *notRecorded
+	switch {
+	case err == nil:
+		if res.Replayed {
+			w.Header().Set(ReplayedHeader, "true")
+		}
+		writeResponse(w, res.Value)
+	case errors.As(err, &nr):
+		writeResponse(w, nr.resp)
+	case errors.Is(err, errTooLarge):
+		problem(w, http.StatusInternalServerError, "response-too-large",
+			fmt.Sprintf("The response exceeds the %d bytes that can be recorded; nothing was recorded.", m.cfg.MaxResponseBody))
+	case errors.Is(err, idem.ErrInProgress):
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(m.cfg.RetryAfter.Round(time.Second)/time.Second))))
+		problem(w, http.StatusConflict, "request-in-progress", "A request with this Idempotency-Key is still being processed; retry later.")
+	case errors.Is(err, idem.ErrKeyReused):
+		problem(w, http.StatusUnprocessableEntity, "idempotency-key-reused", "This Idempotency-Key was used for a different request.")
+	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrTokenRejected):
+		problem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		w.Header().Set("Retry-After", "1")
+		problem(w, http.StatusServiceUnavailable, "outcome-unknown", "The outcome is unknown; retry with the same Idempotency-Key.")
+	case idem.IsPermanent(err):
+		problem(w, http.StatusInternalServerError, "failed", err.Error())
+	default:
+		problem(w, http.StatusInternalServerError, "internal", "The request could not be processed.")
+	}
+}
+
+func writeResponse(w http.ResponseWriter, resp response) {
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// problem writes an RFC 9457 problem details object.
+func problem(w http.ResponseWriter, status int, code, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"type":   "about:blank",
+		"title":  http.StatusText(status),
+		"status": status,
+		"detail": detail,
+		"code":   code,
+	})
+}
+
+// recorder buffers the handler's response.
+type recorder struct {
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	limit    int64
+	tooLarge bool
+}
+
+func newRecorder(limit int64) *recorder {
+	return &recorder{header: http.Header{}, limit: limit}
+}
+
+func (rec *recorder) Header() http.Header { return rec.header }
+
+func (rec *recorder) WriteHeader(status int) {
+	if rec.status == 0 {
+		rec.status = status
+	}
+}
+
+func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	if int64(rec.body.Len()+len(p)) > rec.limit {
+		rec.tooLarge = true
+		return 0, errTooLarge
+	}
+	return rec.body.Write(p)
+}
+
+func (rec *recorder) response(allow []string) response {
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	h := map[string][]string{}
+	for _, k := range allow {
+		if vs := rec.header.Values(k); len(vs) > 0 {
+			h[k] = slices.Clone(vs)
+		}
+	}
+	return response{Status: status, Header: h, Body: bytes.Clone(rec.body.Bytes())}
+}
