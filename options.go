@@ -44,10 +44,10 @@ func WithTTL(ttl time.Duration) Option {
 }
 
 // NoWait makes a call that finds the key held by a transaction that has not
-// committed yet return ErrInProgress at once (an HTTP 409) instead of waiting
-// for that transaction to finish and replaying its result. The caller's
-// transaction stays usable and its lock_timeout is left as it was. By default
-// the call waits.
+// committed yet return ErrInProgress (an HTTP 409) after at most 50ms,
+// instead of waiting for that transaction to finish and replaying its
+// result. The caller's transaction stays usable and its lock_timeout is left
+// as it was. By default the call waits.
 func NoWait() Option {
 	return func(c *config) { c.noWait = true }
 }

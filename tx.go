@@ -44,8 +44,11 @@ const (
 )
 
 // noWaitLockTimeout is the lock_timeout under which a no-wait claim gives up
-// on a key held by an uncommitted transaction.
-const noWaitLockTimeout = "1ms"
+// on a key held by an uncommitted transaction. It is not shorter because the
+// claim's INSERT also takes short-lived locks that have nothing to do with
+// the key (extending the table under concurrent inserts), and a 1ms timeout
+// turned those into spurious ErrInProgress answers for new keys.
+const noWaitLockTimeout = "50ms"
 
 // WithIdempotency runs fn at most once per key inside the caller's
 // transaction tx, and records fn's result in the same transaction.

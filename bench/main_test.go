@@ -19,7 +19,7 @@ func TestBenchSmoke(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "report.md")
 	transitionRows = 20_000
 	purgeRows = 5_000
-	if err := run("2", "core,transition,inbox,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	if err := run("2", "core,transition,inbox,http,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	report, err := os.ReadFile(out)

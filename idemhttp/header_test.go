@@ -74,3 +74,22 @@ func FuzzParseKey(f *testing.F) {
 		}
 	})
 }
+
+func TestResponseCodecRoundTrip(t *testing.T) {
+	in := response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}, "Link": {"<a>", "<b>"}}, Body: []byte(`{"id":1}`)}
+	data, err := responseCodec{}.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out response
+	if err := (responseCodec{}).Unmarshal(data, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Status != in.Status || string(out.Body) != string(in.Body) || len(out.Header) != 2 || out.Header["Link"][1] != "<b>" {
+		t.Fatalf("round trip: %+v", out)
+	}
+	for i := range data {
+		var r response
+		_ = responseCodec{}.Unmarshal(data[:i], &r) // truncated input must not panic
+	}
+}

@@ -94,7 +94,9 @@ type Config struct {
 	// TTL is how long a record is kept and replayed. It defaults to 24h.
 	TTL time.Duration
 	// Options are passed to idem.Do (idem.WithTable, idem.WithTxOptions,
-	// idem.RequireIssued, ...).
+	// idem.RequireIssued, ...). Responses are stored in a compact binary
+	// form of their own; a WithCodec here must handle the unexported
+	// response type and is best left out.
 	Options []idem.Option
 }
 
@@ -127,7 +129,7 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 	if cfg.RetryAfter == 0 {
 		cfg.RetryAfter = time.Second
 	}
-	opts := slices.Clone(cfg.Options)
+	opts := append([]idem.Option{idem.WithCodec(responseCodec{})}, cfg.Options...)
 	if cfg.TTL > 0 {
 		opts = append(opts, idem.WithTTL(cfg.TTL))
 	}
