@@ -308,3 +308,33 @@ func TestHTTPTransportAgainstDroppedResponses(t *testing.T) {
 	require.Equal(t, 1, effects)
 	require.Equal(t, 1, s.CountEffects(t, pool, idem.Key{Scope: "", ID: "payload"}))
 }
+
+// A panicking handler records nothing and its writes roll back; the retry
+// runs the handler.
+func TestHTTPPanicRecordsNothing(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	var panicked atomic.Bool
+	h := &signupServer{s: s}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !panicked.Swap(true) {
+			tx := idemhttp.Tx(r.Context())
+			_ = s.AddEffect(r.Context(), tx, idem.Key{Scope: "hank", ID: "p"}, "doomed")
+			panic(http.ErrAbortHandler) // net/http closes the connection quietly
+		}
+		h.ServeHTTP(w, r)
+	})
+	srv := newHTTPServer(t, pool, handler, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("p"))
+	require.NoError(t, err)
+	req.Header.Set("X-User", "hank")
+	req.Header.Set(idemhttp.HeaderName, `"p"`)
+	_, err = http.DefaultClient.Do(req)
+	require.Error(t, err, "the panic dropped the connection")
+	key := idem.Key{Scope: "hank", ID: "p"}
+	require.Nil(t, s.ReadRecord(t, pool, key))
+	require.Equal(t, 0, s.CountEffects(t, pool, key))
+	r := post(t, srv.URL, "hank", `"p"`, "p")
+	require.Equal(t, http.StatusCreated, r.status)
+	require.Equal(t, 1, s.CountEffects(t, pool, key))
+}
