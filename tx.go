@@ -60,7 +60,7 @@ const noWaitLockTimeout = "50ms"
 // does not run fn: it returns the recorded value with Replayed true. A call
 // that meets a transaction still holding the key waits for it to end, then
 // replays its result (or runs fn, if that transaction rolled back); with
-// NoWait it returns ErrInProgress at once.
+// NoWait it returns ErrInProgress within 50ms.
 //
 // Errors: an invalid key returns ErrInvalidKey before any SQL; a key used
 // with another Fingerprint returns ErrKeyReused; an error from fn rolls back
