@@ -32,7 +32,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -42,7 +41,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -70,6 +68,19 @@ func insertRow(ctx context.Context, tx pgx.Tx) (int64, error) {
 
 var tableOpt = idem.WithTable(schema, idem.DefaultTable)
 
+// bareInsert is the baseline: BEGIN; INSERT; COMMIT with pgx.
+func bareInsert(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := insertRow(ctx, tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
 // suite is a set of variants measured against its first one, the baseline.
 type suite struct {
 	name     string
@@ -89,17 +100,7 @@ var suites = []suite{
 }
 
 var coreVariants = []variant{
-	{"bare", func(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck
-		if _, err := insertRow(ctx, tx); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
-	}},
+	{"bare", bareInsert},
 	{"sql-model", sqlModel},
 	{"Do", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
@@ -178,48 +179,14 @@ var keySeq atomic.Int64
 func measure(ctx context.Context, pool *pgxpool.Pool, v variant, workers int, d time.Duration) (sample, error) {
 	knobs.UnpipelinedBegin.Store(v.name == "Do/end-only")
 	defer knobs.UnpipelinedBegin.Store(false)
-	var (
-		wg       sync.WaitGroup
-		ops      atomic.Int64
-		mu       sync.Mutex
-		lat      []time.Duration
-		firstErr error
-	)
-	stop := time.Now().Add(d)
-	start := time.Now()
-	cpu0 := processCPU()
-	for range workers {
-		wg.Go(func() {
-			local := make([]time.Duration, 0, 4096)
-			for time.Now().Before(stop) {
-				key := idem.Key{Scope: "bench", ID: strconv.FormatInt(keySeq.Add(1), 36)}
-				t0 := time.Now()
-				if err := v.op(ctx, pool, key); err != nil {
-					mu.Lock()
-					firstErr = cmp.Or(firstErr, err)
-					mu.Unlock()
-					return
-				}
-				local = append(local, time.Since(t0))
-				ops.Add(1)
-			}
-			mu.Lock()
-			lat = append(lat, local...)
-			mu.Unlock()
-		})
+	stop := make(chan struct{})
+	t := time.AfterFunc(d, func() { close(stop) })
+	defer t.Stop()
+	s, err := measureUntil(ctx, pool, v, workers, stop)
+	if err != nil {
+		return sample{}, fmt.Errorf("%s: %w", v.name, err)
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return sample{}, fmt.Errorf("%s: %w", v.name, firstErr)
-	}
-	slices.Sort(lat)
-	pct := func(p float64) time.Duration {
-		if len(lat) == 0 {
-			return 0
-		}
-		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
-	}
-	return sample{ops: ops.Load(), elapsed: time.Since(start), p50: pct(0.50), p99: pct(0.99), cpu: processCPU() - cpu0}, nil
+	return s, nil
 }
 
 func median(xs []float64) float64 {

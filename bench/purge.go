@@ -107,7 +107,8 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 	return t.String(), nil
 }
 
-// measureUntil runs v with workers until stop is closed.
+// measureUntil runs v with workers, each with a new key per operation, until
+// stop is closed.
 func measureUntil(ctx context.Context, pool *pgxpool.Pool, v variant, workers int, stop <-chan struct{}) (sample, error) {
 	var (
 		wg       sync.WaitGroup
@@ -150,9 +151,11 @@ func measureUntil(ctx context.Context, pool *pgxpool.Pool, v variant, workers in
 		return sample{}, firstErr
 	}
 	slices.Sort(lat)
-	p99 := time.Duration(0)
-	if len(lat) > 0 {
-		p99 = lat[min(len(lat)-1, int(0.99*float64(len(lat))))]
+	pct := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
 	}
-	return sample{ops: ops.Load(), elapsed: time.Since(start), p99: p99, cpu: processCPU() - cpu0}, nil
+	return sample{ops: ops.Load(), elapsed: time.Since(start), p50: pct(0.50), p99: pct(0.99), cpu: processCPU() - cpu0}, nil
 }

@@ -83,17 +83,7 @@ var transitionVariants = []variant{
 // inboxVariants: a bare transaction inserting the handler's row, against the
 // same inside ConsumeOnce.
 var inboxVariants = []variant{
-	{"bare", func(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck
-		if _, err := insertRow(ctx, tx); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
-	}},
+	{"bare", bareInsert},
 	{"ConsumeOnce", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
