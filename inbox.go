@@ -39,11 +39,7 @@ var defaultInboxQueries = buildInboxQueries(tableIdent("", DefaultInboxTable))
 // be empty. Names follow ValidateTableName.
 func WithInboxTable(schema, table string) Option {
 	if err := ValidateTableName(schema, table); err != nil {
-		return func(c *config) {
-			if c.err == nil {
-				c.err = err
-			}
-		}
+		return errOption(err)
 	}
 	q := buildInboxQueries(tableIdent(schema, table))
 	return func(c *config) { c.inbox = q }

@@ -67,11 +67,7 @@ func WithCodec(codec Codec) Option {
 func WithTable(schema, table string) Option {
 	// Validate and build the statements once, not on every call.
 	if err := ValidateTableName(schema, table); err != nil {
-		return func(c *config) {
-			if c.err == nil {
-				c.err = err
-			}
-		}
+		return errOption(err)
 	}
 	q := queriesFor(tableIdent(schema, table))
 	return func(c *config) { c.q = q }
@@ -120,6 +116,16 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 		p.MaxDelay = 250 * time.Millisecond
 	}
 	return p
+}
+
+// errOption is an Option that only reports err, for an option whose
+// arguments were rejected when it was made.
+func errOption(err error) Option {
+	return func(c *config) {
+		if c.err == nil {
+			c.err = err
+		}
+	}
 }
 
 func (c *config) fail(format string, args ...any) {
