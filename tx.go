@@ -32,6 +32,14 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// DBTX runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
 // maxClaimTries bounds the claim loop: a record purged between the claim and
 // the read, or taken over by another transaction, sends the call around again.
 const maxClaimTries = 16
