@@ -310,7 +310,7 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 		g.close()
 		switch {
 		case panicked != nil:
-			panic(panicked) // the deferred rollback runs first
+			panic(panicked) // the deferred rollback runs as it unwinds
 		case fnErr != nil:
 			if IsPermanent(fnErr) {
 				*failure = fnErr
