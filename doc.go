@@ -39,5 +39,23 @@
 //	default: // res.Value, res.Replayed
 //	}
 //
-// See ExampleWithIdempotency and ExampleDo for programs that run.
+// Around that core:
+//
+//   - Claim starts lease mode, for work outside a transaction (a payment
+//     gateway): a committed claim with a lease and a fencing token
+//     (Lease.Attempt), renewed by Extend or KeepAlive, resumable from a
+//     Checkpoint, finished by Complete inside the business transaction.
+//   - IssueToken and RequireIssued accept only keys the server handed out.
+//   - StateMachine moves business rows along allowed transitions with one
+//     conditional UPDATE (PENDING → PAID), repeats being no-ops.
+//   - InsertOrGet creates a row once per business key and returns the
+//     existing one to duplicates.
+//   - ConsumeOnce processes a queue message once per consumer.
+//   - Purge and Purger delete expired records.
+//
+// The migrations package creates the tables; package idemhttp provides the
+// Idempotency-Key HTTP middleware and a retrying client transport. Every
+// decision about time (TTLs, leases) uses the database clock.
+//
+// The Example functions are programs that run against PostgreSQL.
 package idem

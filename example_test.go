@@ -129,3 +129,84 @@ func ExampleStateMachine_Transition() {
 	// applied=false from=PAID err=<nil>
 	// idem: row 1 is "PAID", which cannot move to "CANCELLED" true
 }
+
+// Lease mode: a call to the outside world happens once, under a committed
+// claim whose attempt number fences out a worker that lost its lease.
+func ExampleClaim() {
+	ctx := context.Background()
+	pool := examplePool("claim")
+	defer pool.Close()
+
+	key := idem.Key{Scope: "orders", ID: "pay-order-17"}
+	for range 2 {
+		lease, res, err := idem.Claim[string](ctx, pool, key, 30*time.Second)
+		if err != nil {
+			panic(err)
+		}
+		if lease == nil { // finished before: the recorded result
+			fmt.Println("replayed:", res.Value)
+			continue
+		}
+		// ... call the payment gateway with key.ID and lease.Attempt() ...
+		fmt.Println("charging with fencing token", lease.Attempt())
+		if err := lease.Complete(ctx, pool, "ch_123"); err != nil {
+			panic(err)
+		}
+	}
+	// Output:
+	// charging with fencing token 1
+	// replayed: ch_123
+}
+
+// A message redelivered by the broker is acknowledged without being
+// processed twice.
+func ExampleConsumeOnce() {
+	ctx := context.Background()
+	pool := examplePool("consume_once")
+	defer pool.Close()
+
+	for range 2 { // the broker delivers message m-1 twice
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			panic(err)
+		}
+		ran, err := idem.ConsumeOnce(ctx, tx, "signup-events", "m-1", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 9)`)
+			return err
+		})
+		if err != nil {
+			panic(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			panic(err)
+		}
+		fmt.Println("processed:", ran)
+	}
+	// Output:
+	// processed: true
+	// processed: false
+}
+
+// A second sign-up for the same (user, activity) gets the existing row.
+func ExampleInsertOrGet() {
+	ctx := context.Background()
+	pool := examplePool("insert_or_get")
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `ALTER TABLE signups ADD UNIQUE (user_id, activity_id)`); err != nil {
+		panic(err)
+	}
+	for range 2 {
+		var id int64
+		created, err := idem.InsertOrGet(ctx, pool,
+			idem.Query{SQL: `INSERT INTO signups (user_id, activity_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id`, Args: []any{42, 7}},
+			idem.Query{SQL: `SELECT id FROM signups WHERE user_id = $1 AND activity_id = $2`, Args: []any{42, 7}},
+			&id)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("sign-up %d, created: %v\n", id, created)
+	}
+	// Output:
+	// sign-up 1, created: true
+	// sign-up 1, created: false
+}
