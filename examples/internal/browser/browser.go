@@ -9,6 +9,8 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,10 +46,37 @@ func New(t *testing.T) context.Context {
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(alloc)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
+	t.Cleanup(func() { // runs first: the browser is still up
+		if t.Failed() {
+			screenshot(t, ctx)
+		}
+	})
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("starting Chromium: %v", err)
 	}
 	return ctx
+}
+
+// screenshot saves the page as a PNG for a failed test, in
+// $IDEM_SCREENSHOT_DIR or the system's temporary directory.
+func screenshot(t *testing.T, ctx context.Context) {
+	shotCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(shotCtx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Logf("no screenshot: %v", err)
+		return
+	}
+	dir := os.Getenv("IDEM_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	name := filepath.Join(dir, "idem-"+strings.ReplaceAll(t.Name(), "/", "_")+".png")
+	if err := os.WriteFile(name, png, 0o644); err != nil {
+		t.Logf("no screenshot: %v", err)
+		return
+	}
+	t.Logf("screenshot of the page: %s", name)
 }
 
 // WaitState waits until the page's #status element has data-state in one of
