@@ -23,6 +23,9 @@
 //     those three, or a panic rolls the transaction back and records nothing,
 //     so a retry runs the handler again.
 //   - A response larger than Config.MaxResponseBody: 500, nothing recorded.
+//   - A handler whose transaction fails (a serialization failure, say) and
+//     answers 5xx is not retried by the middleware: the client retries with
+//     the same key.
 //
 // The middleware's own errors are RFC 9457 problem details
 // (application/problem+json).
@@ -48,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -77,8 +81,9 @@ type Config struct {
 	// path, the raw query and the body.
 	Fingerprint func(r *http.Request, body []byte) []byte
 	// RecordHeaders lists the response headers that are recorded and
-	// replayed. It defaults to Content-Type, Content-Language, Location and
-	// Content-Location.
+	// replayed. The first response carries every header the handler set;
+	// replays carry these. It defaults to Content-Type, Content-Language,
+	// Location, Content-Location, Allow and WWW-Authenticate.
 	RecordHeaders []string
 	// MaxRequestBody caps the request body read for the fingerprint. It
 	// defaults to 1 MiB; a larger body answers 413.
@@ -100,7 +105,7 @@ type Config struct {
 	Options []idem.Option
 }
 
-var defaultRecordHeaders = []string{"Content-Type", "Content-Language", "Location", "Content-Location"}
+var defaultRecordHeaders = []string{"Content-Type", "Content-Language", "Location", "Content-Location", "Allow", "Www-Authenticate"}
 
 // Middleware returns the idempotency middleware over db (normally a
 // *pgxpool.Pool). It fails when Scope is missing or a size is negative.
@@ -120,6 +125,7 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 	if cfg.RecordHeaders == nil {
 		cfg.RecordHeaders = defaultRecordHeaders
 	}
+	cfg.RecordHeaders = slices.Clone(cfg.RecordHeaders) // canonicalised below: never the caller's slice
 	if cfg.MaxRequestBody == 0 {
 		cfg.MaxRequestBody = 1 << 20
 	}
@@ -212,20 +218,31 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusUnauthorized, "scope-unknown", "The caller could not be identified: "+err.Error())
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, m.cfg.MaxRequestBody+1))
-	if err != nil {
-		problem(w, http.StatusBadRequest, "body-unreadable", err.Error())
+	if err := (idem.Key{Scope: scope, ID: "x"}).Validate(); err != nil {
+		problem(w, http.StatusInternalServerError, "scope-invalid", "The server derived an unusable scope for this caller.")
 		return
 	}
-	if int64(len(body)) > m.cfg.MaxRequestBody {
+	limit := m.cfg.MaxRequestBody
+	if limit < math.MaxInt64 {
+		limit++ // one byte more tells "too large" from "exactly the limit"
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit))
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) || int64(len(body)) > m.cfg.MaxRequestBody {
 		problem(w, http.StatusRequestEntityTooLarge, "body-too-large",
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxRequestBody))
 		return
 	}
+	if err != nil {
+		problem(w, http.StatusBadRequest, "body-unreadable", err.Error())
+		return
+	}
 	ikey := idem.Key{Scope: scope, ID: key, Fingerprint: m.cfg.Fingerprint(r, body)}
 
+	var firstHeader http.Header // every header this execution's handler set
 	res, err := idem.Do(r.Context(), m.db, ikey, func(ctx context.Context, tx pgx.Tx) (response, error) {
 		rec := newRecorder(m.cfg.MaxResponseBody)
+		firstHeader = rec.header
 		req := r.WithContext(context.WithValue(ctx, txKey{}, tx))
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		m.next.ServeHTTP(rec, req)
@@ -243,10 +260,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var nr *notRecorded
 	switch {
 	case err == nil:
+		resp := res.Value
 		if res.Replayed {
 			w.Header().Set(ReplayedHeader, "true")
+		} else {
+			resp.Header = firstHeader // the first answer goes out whole; replays get the recorded headers
 		}
-		writeResponse(w, res.Value)
+		writeResponse(w, resp)
 	case errors.As(err, &nr):
 		writeResponse(w, nr.resp)
 	case errors.Is(err, errTooLarge):
@@ -257,7 +277,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusConflict, "request-in-progress", "A request with this Idempotency-Key is still being processed; retry later.")
 	case errors.Is(err, idem.ErrKeyReused):
 		problem(w, http.StatusUnprocessableEntity, "idempotency-key-reused", "This Idempotency-Key was used for a different request.")
-	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrTokenRejected):
+	case errors.Is(err, idem.ErrTokenRejected):
+		problem(w, http.StatusBadRequest, "token-rejected", err.Error())
+	case errors.Is(err, idem.ErrInvalidKey):
 		problem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		w.Header().Set("Retry-After", "1")
@@ -271,9 +293,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func writeResponse(w http.ResponseWriter, resp response) {
 	for k, vs := range resp.Header {
-		for _, v := range vs {
-			w.Header().Add(k, v)
-		}
+		w.Header()[k] = vs
 	}
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
@@ -308,6 +328,9 @@ func newRecorder(limit int64) *recorder {
 func (rec *recorder) Header() http.Header { return rec.header }
 
 func (rec *recorder) WriteHeader(status int) {
+	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
+		return // informational (103 Early Hints): not the response
+	}
 	if rec.status == 0 {
 		rec.status = status
 	}

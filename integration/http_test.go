@@ -215,6 +215,7 @@ func TestHTTP5xxIsNotRecorded(t *testing.T) {
 	r = post(t, srv.URL, "carol", `"k5"`, "k5")
 	require.Equal(t, http.StatusCreated, r.status, "the retry runs the handler")
 	require.Empty(t, r.header.Get(idemhttp.ReplayedHeader))
+	require.Equal(t, "1", r.header.Get("X-Not-Recorded"), "the first answer carries every header")
 	require.Equal(t, 1, s.CountEffects(t, pool, key))
 	again := post(t, srv.URL, "carol", `"k5"`, "k5")
 	require.Equal(t, r.body, again.body)

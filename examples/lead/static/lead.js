@@ -1,6 +1,8 @@
 // The lead form: the key is made when the form opens; a submission is kept
-// in localStorage until the server confirms it, and resent on the online
-// event, on an interval, and when the page opens again.
+// in localStorage until the server gives a definite answer, and resent (with
+// its key) on the online event, on an interval, and when the page opens
+// again. While one is pending the form is locked, so it can be neither
+// overwritten nor sent a second time under another key.
 const PENDING = "lead-pending";
 const form = document.getElementById("lead");
 const button = document.getElementById("submit");
@@ -18,6 +20,19 @@ function pending() {
   try { return JSON.parse(localStorage.getItem(PENDING)); } catch { return null; }
 }
 
+function lock(locked) {
+  for (const el of form.elements) el.disabled = locked;
+}
+
+// settle ends a pending submission after a definite answer, and opens a new
+// form with a new key.
+function settle(p) {
+  const cur = pending();
+  if (cur && cur.key === p.key) localStorage.removeItem(PENDING); // never another tab's submission
+  formKey = crypto.randomUUID();
+  lock(false);
+}
+
 async function send(p) {
   if (sending) return;
   sending = true;
@@ -32,40 +47,42 @@ async function send(p) {
       body: JSON.stringify(p.lead),
       signal: ctrl.signal,
     });
+    const data = await res.json().catch(() => ({}));
     if (res.status === 409) {
       show("Your message is being processed…", "in-progress");
       return; // still pending: the interval sends it again
     }
-    const data = await res.json();
     if (res.ok && data.ok) {
-      localStorage.removeItem(PENDING); // delivered: nothing left to resend
-      show(data.message, "done");
+      settle(p);
       form.reset();
-      formKey = crypto.randomUUID(); // a new form, a new key
+      show(data.message, "done");
       return;
     }
-    if (res.status >= 400 && res.status < 500) {
-      localStorage.removeItem(PENDING); // refused for good: resending will not help
-      show(data.message || data.detail, "error");
+    if ([408, 425, 429].includes(res.status) || res.status >= 500) {
+      show("The server is busy; your message is kept and will be resent.", "pending");
       return;
     }
-    show("The server had a problem; your message is kept and will be resent.", "pending");
+    settle(p); // refused for good: resending will not help
+    show(data.message || data.detail || "The message was refused.", "error");
   } catch (e) {
     // Offline, a timeout, a dropped connection: keep it, resend later.
     show("No connection. Your message is kept and will be sent when the network is back.", "pending");
   } finally {
     clearTimeout(timer);
     sending = false;
-    button.disabled = false;
+    if (!pending()) button.disabled = false;
   }
 }
 
 form.addEventListener("submit", (ev) => {
   ev.preventDefault();
   if (sending) return;
+  const existing = pending();
+  if (existing) { send(existing); return; } // the locked form resends what is pending
   const data = new FormData(form);
   const p = { key: formKey, lead: { name: data.get("name"), email: data.get("email"), message: data.get("message") } };
-  localStorage.setItem(PENDING, JSON.stringify(p)); // kept until confirmed, across reloads
+  try { localStorage.setItem(PENDING, JSON.stringify(p)); } catch { /* storage full: still send */ }
+  lock(true);
   send(p);
 });
 
@@ -75,7 +92,15 @@ function resend() {
 }
 window.addEventListener("online", resend);
 setInterval(resend, 2000);
-if (pending()) {
+const p = pending();
+if (p) {
+  // Reopened with a submission that never got its answer: show it, keep its
+  // key, and finish it.
+  formKey = p.key;
+  for (const [name, value] of Object.entries(p.lead)) {
+    if (form.elements[name]) form.elements[name].value = value ?? "";
+  }
+  lock(true);
   show("Resending your earlier message…", "pending");
   resend();
 }
