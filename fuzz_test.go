@@ -1,0 +1,104 @@
+package idem
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+)
+
+// FuzzKeyValidate: Validate never panics, and accepts exactly the keys
+// whose scope and ID are 1..255 bytes of valid UTF-8 made of graphic
+// characters.
+func FuzzKeyValidate(f *testing.F) {
+	for _, s := range [][2]string{{"user:1", "8e03978e"}, {"", "k"}, {"s", "\x00"}, {"s", "a\u200bb"}, {"用户", "订单 42"}, {"s", "\xff"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, scope, id string) {
+		err := Key{Scope: scope, ID: id}.Validate()
+		want := acceptable(scope) && acceptable(id)
+		if (err == nil) != want {
+			t.Fatalf("Validate(%q, %q) = %v, want ok=%v", scope, id, err, want)
+		}
+	})
+}
+
+func acceptable(s string) bool {
+	if s == "" || len(s) > MaxKeyLen || !utf8.ValidString(s) {
+		return false
+	}
+	return strings.IndexFunc(s, func(r rune) bool { return !unicode.IsGraphic(r) }) < 0
+}
+
+// FuzzCodec: what the default codec stores decodes to the same value, for
+// raw bytes, JSON documents and strings.
+func FuzzCodec(f *testing.F) {
+	for _, s := range []string{"", "plain", `{"a":1}`, "\x00\xff", `"quoted"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		raw, err := encodeValue[[]byte](nil, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := decodeValue[[]byte](nil, raw)
+		if err != nil || string(back) != string(data) {
+			t.Fatalf("[]byte round trip: %q -> %q, %v", data, back, err)
+		}
+		str := string(data)
+		enc, err := encodeValue(nil, str)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec, err := decodeValue[string](nil, enc)
+		if err != nil || (utf8.ValidString(str) && dec != str) {
+			t.Fatalf("string round trip: %q -> %q, %v", str, dec, err)
+		}
+		if json.Valid(data) {
+			rm, err := encodeValue(nil, json.RawMessage(data))
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := decodeValue[json.RawMessage](nil, rm)
+			if err != nil || string(back) != string(data) {
+				t.Fatalf("RawMessage round trip: %q -> %q, %v", data, back, err)
+			}
+		}
+	})
+}
+
+// FuzzStateMachineConfig: NewStateMachine never panics; what it accepts has
+// plain identifiers only, and every transition it allows was configured.
+func FuzzStateMachineConfig(f *testing.F) {
+	f.Add("orders", "id", "status", "PENDING,PAID", "PENDING>PAID")
+	f.Add(`x"; DROP TABLE y; --`, "id", "s", "A,B", "A>B")
+	f.Add("t", "id", "s", "A,A", "A>A")
+	f.Fuzz(func(t *testing.T, table, idCol, stateCol, states, transitions string) {
+		cfg := StateMachineConfig{Table: table, IDColumn: idCol, StateColumn: stateCol,
+			States: strings.Split(states, ","), Transitions: map[string][]string{}}
+		for _, tr := range strings.Split(transitions, ";") {
+			from, to, ok := strings.Cut(tr, ">")
+			if ok {
+				cfg.Transitions[from] = append(cfg.Transitions[from], to)
+			}
+		}
+		m, err := NewStateMachine(cfg)
+		if err != nil {
+			return
+		}
+		for _, n := range []string{table, idCol, stateCol} {
+			if !identRE.MatchString(n) {
+				t.Fatalf("accepted identifier %q", n)
+			}
+		}
+		for to, froms := range m.from {
+			for _, from := range froms {
+				if !strings.Contains(","+strings.Join(cfg.Transitions[from], ",")+",", ","+to+",") {
+					t.Fatalf("allows %s -> %s, not configured", from, to)
+				}
+			}
+		}
+		_ = m.Mermaid()
+	})
+}
