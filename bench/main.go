@@ -20,6 +20,8 @@
 //	            transaction, against the same inside ConsumeOnce
 //	http        a POST whose handler inserts one row: with its own bare transaction,
 //	            behind idemhttp.Middleware with a new key per request, and replaying one key
+//	hotkey      1,000 concurrent Do calls with one key, wait and no-wait: the time
+//	            until every one is answered, and the number of executions (1)
 //	purge       Claim+Complete throughput and p99 alone, then while Purge deletes
 //	            1,000,000 expired records (-purge-rows); the purge rate
 //
@@ -96,6 +98,7 @@ var suites = []suite{
 	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
 	{name: "inbox", about: "one message per operation, each new; the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
+	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
 	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
 }
 
@@ -215,7 +218,7 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, purge")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, hotkey, purge")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
 	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size")
 	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
@@ -293,7 +296,7 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, http, purge)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, http, hotkey, purge)", n)
 		}
 	}
 	var workerCounts []int

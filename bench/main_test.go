@@ -19,7 +19,7 @@ func TestBenchSmoke(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "report.md")
 	transitionRows = 20_000
 	purgeRows = 5_000
-	if err := run("2", "core,transition,inbox,http,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	if err := run("2", "core,transition,inbox,http,hotkey,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	report, err := os.ReadFile(out)
@@ -27,6 +27,12 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, su := range suites {
+		if su.custom != nil {
+			if !strings.Contains(string(report), su.name+":") {
+				t.Errorf("the report has no %s suite:\n%s", su.name, report)
+			}
+			continue
+		}
 		for _, v := range su.variants {
 			if !strings.Contains(string(report), "| "+v.name) {
 				t.Errorf("the report has no row for %s:\n%s", v.name, report)
