@@ -22,6 +22,8 @@
 //	            behind idemhttp.Middleware with a new key per request, and replaying one key
 //	hotkey      1,000 concurrent Do calls with one key, wait and no-wait: the time
 //	            until every one is answered, and the number of executions (1)
+//	tablesize   Do with random keys against 0, 1,000,000 and 10,000,000 existing
+//	            records (-table-sizes), and the process's peak memory
 //	purge       Claim+Complete throughput and p99 alone, then while Purge deletes
 //	            1,000,000 expired records (-purge-rows); the purge rate
 //
@@ -99,6 +101,7 @@ var suites = []suite{
 	{name: "inbox", about: "one message per operation, each new; the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
+	{name: "tablesize", variants: []variant{{"Do, random keys", doRandomKey}}, custom: runTableSizeSuite},
 	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
 }
 
@@ -218,12 +221,22 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, hotkey, purge")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, hotkey, tablesize, purge")
+	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
 	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size")
 	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	tableSizes = nil
+	for _, f := range strings.Split(*tableSizesFlag, ",") {
+		n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil || n < 0 {
+			fmt.Fprintln(os.Stderr, "bench: -table-sizes: bad size", f)
+			os.Exit(2)
+		}
+		tableSizes = append(tableSizes, n)
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -296,7 +309,7 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, http, hotkey, purge)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, http, hotkey, tablesize, purge)", n)
 		}
 	}
 	var workerCounts []int

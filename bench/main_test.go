@@ -19,7 +19,8 @@ func TestBenchSmoke(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "report.md")
 	transitionRows = 20_000
 	purgeRows = 5_000
-	if err := run("2", "core,transition,inbox,http,hotkey,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	tableSizes = []int64{0, 2_000}
+	if err := run("2", "core,transition,inbox,http,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	report, err := os.ReadFile(out)
