@@ -20,7 +20,7 @@ func TestBenchSmoke(t *testing.T) {
 	transitionRows = 20_000
 	purgeRows = 5_000
 	tableSizes = []int64{0, 2_000}
-	if err := run("2", "core,transition,inbox,http,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	if err := run("2", "core,transition,inbox,http,redis,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	report, err := os.ReadFile(out)

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+)
+
+// The Redis recipe of scenario 000 (../shared/seeds), as a Go service would
+// write it, is the baseline that idem replaces:
+//
+//	SET idem:signup:{token} PROCESSING NX EX 300   claim the submission token
+//	  taken: GET it; PROCESSING -> "in progress", else GET {token}:resp and replay
+//	EXISTS biz:signup:{user}:{activity}             the business key
+//	  exists: SET {token} DUP EX 300, answer "already signed up"
+//	BEGIN; INSERT INTO signups ...; COMMIT          the row, under a unique index
+//	SET biz key NX EX 86400; SET {token}:resp EX 86400; SET {token} DONE EX 86400
+//	on failure: DEL {token}                         release the claim
+//
+// The three SETs after the commit go in one pipeline (the scenario sends them
+// one by one), which favours the baseline.
+
+var (
+	redisClient *redis.Client
+	signupUser  atomic.Int64
+	redisRun    string // a prefix per run: Redis keeps the keys of earlier runs for a day
+)
+
+func setupRedis(ctx context.Context, pool *pgxpool.Pool) error {
+	redisClient = redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 64})
+	redisRun = strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := redisClient.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("the redis suite needs Redis at 127.0.0.1:6379: %w", err)
+	}
+	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_bench.signups (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		user_id bigint NOT NULL, activity_id bigint NOT NULL,
+		UNIQUE (user_id, activity_id))`)
+	if err != nil {
+		return err
+	}
+	_, err = pool.Exec(ctx, `TRUNCATE idem_bench.signups`) // user ids restart with the process
+	return err
+}
+
+func insertSignup(ctx context.Context, tx pgx.Tx, user int64) (int64, error) {
+	var id int64
+	err := tx.QueryRow(ctx, `INSERT INTO idem_bench.signups (user_id, activity_id) VALUES ($1, 1) RETURNING id`, user).Scan(&id)
+	return id, err
+}
+
+var errRecipeInProgress = errors.New("in progress")
+
+// redisRecipe is one submission through the recipe, with a new token.
+func redisRecipe(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+	user := signupUser.Add(1)
+	tokenKey := "idem:signup:" + redisRun + ":" + key.ID
+	bizKey := "biz:signup:" + redisRun + ":" + strconv.FormatInt(user, 10) + ":1"
+	got, err := redisClient.SetNX(ctx, tokenKey, "PROCESSING", 300*time.Second).Result()
+	if err != nil {
+		return err
+	}
+	if !got {
+		state, err := redisClient.Get(ctx, tokenKey).Result()
+		if err != nil {
+			return err
+		}
+		if state == "PROCESSING" {
+			return errRecipeInProgress
+		}
+		return redisClient.Get(ctx, tokenKey+":resp").Err() // the first answer
+	}
+	if n, err := redisClient.Exists(ctx, bizKey).Result(); err != nil || n > 0 {
+		if err == nil {
+			err = redisClient.Set(ctx, tokenKey, "DUP", 300*time.Second).Err()
+		}
+		return err
+	}
+	id, err := func() (int64, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		id, err := insertSignup(ctx, tx, user)
+		if err != nil {
+			return 0, err
+		}
+		return id, tx.Commit(ctx)
+	}()
+	if err != nil {
+		redisClient.Del(context.WithoutCancel(ctx), tokenKey) // release, so the user may retry
+		return err
+	}
+	resp, _ := json.Marshal(map[string]any{"ok": true, "orderId": id})
+	_, err = redisClient.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SetNX(ctx, bizKey, id, 24*time.Hour)
+		p.Set(ctx, tokenKey+":resp", resp, 24*time.Hour)
+		p.Set(ctx, tokenKey, "DONE", 24*time.Hour)
+		return nil
+	})
+	return err
+}
+
+// redisVariants: the recipe first (the baseline), then the same submission
+// through idem.Do, and a bare transaction for reference.
+var redisVariants = []variant{
+	{"redis recipe", redisRecipe},
+	{"Do", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+		user := signupUser.Add(1)
+		_, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (map[string]any, error) {
+			id, err := insertSignup(ctx, tx, user)
+			return map[string]any{"ok": true, "orderId": id}, err
+		}, tableOpt)
+		return err
+	}},
+	{"bare transaction", func(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := insertSignup(ctx, tx, signupUser.Add(1)); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}},
+}
