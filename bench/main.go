@@ -23,6 +23,9 @@
 //	redis       a sign-up per operation through the Redis recipe of scenario 000
 //	            (SET NX EX claim, business-key check, insert, response SET) against
 //	            the same through idem.Do (Redis at 127.0.0.1:6379)
+//	faults      the recipe and Do over connections cut right after COMMIT (and, for
+//	            the recipe, Redis writes lost after the commit), clients retrying
+//	            with the same key: duplicates, stuck keys, wrong errors, lost writes
 //	hotkey      1,000 concurrent Do calls with one key, wait and no-wait: the time
 //	            until every one is answered, and the number of executions (1)
 //	tablesize   Do with random keys against 0, 1,000,000 and 10,000,000 existing
@@ -104,6 +107,7 @@ var suites = []suite{
 	{name: "inbox", about: "one message per operation, each new; the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
 	{name: "redis", about: "a sign-up with a new token per operation: the Redis recipe of scenario 000 against idem.Do", setup: setupRedis, variants: redisVariants},
+	{name: "faults", variants: []variant{{"redis recipe", redisRecipe}}, custom: runFaultSuite},
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
 	{name: "tablesize", variants: []variant{{"Do, random keys", doRandomKey}}, custom: runTableSizeSuite},
 	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
@@ -225,7 +229,7 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, redis, hotkey, tablesize, purge")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
 	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size")
@@ -313,7 +317,7 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, http, redis, hotkey, tablesize, purge)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
 		}
 	}
 	var workerCounts []int

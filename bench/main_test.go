@@ -20,7 +20,8 @@ func TestBenchSmoke(t *testing.T) {
 	transitionRows = 20_000
 	purgeRows = 5_000
 	tableSizes = []int64{0, 2_000}
-	if err := run("2", "core,transition,inbox,http,redis,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	faultRequests = 100
+	if err := run("2", "core,transition,inbox,http,redis,faults,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	report, err := os.ReadFile(out)

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+)
+
+// faultRequests is how many sign-ups each system takes in the fault suite,
+// and faultRate the share of COMMITs whose connection is cut (and, for the
+// recipe, of Redis writes that are lost after the commit).
+var (
+	faultRequests = 2000
+	faultRate     = 0.05
+)
+
+// cutProxy forwards connections to PostgreSQL and, with probability rate,
+// closes one right after forwarding a message that carries COMMIT: the
+// server commits, the client never hears it.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	rate   float64
+	cuts   atomic.Int64
+}
+
+func newCutProxy(target string, rate float64) (*cutProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &cutProxy{ln: ln, target: target, rate: rate}
+	go p.serve()
+	return p, nil
+}
+
+func (p *cutProxy) serve() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		go func() { _, _ = io.Copy(client, server); client.Close() }()
+		go func() {
+			defer server.Close()
+			defer client.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit")) && rand.Float64() < p.rate {
+						p.cuts.Add(1)
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// faultOutcome is what happened to one sign-up, after the client's retries.
+type faultOutcome int
+
+const (
+	outcomeOK faultOutcome = iota
+	outcomeStuck
+	outcomeError
+)
+
+// runFaultSuite runs faultRequests sign-ups through the Redis recipe and
+// through Do over connections that a proxy cuts right after COMMIT, and
+// counts what went wrong once the clients (retrying with the same key, up to
+// 10 times) gave up or succeeded.
+func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ time.Duration) (string, error) {
+	if err := setupRedis(ctx, pool); err != nil {
+		return "", err
+	}
+	cfg := pool.Config().Copy()
+	host := cfg.ConnConfig.Host
+	if strings.HasPrefix(host, "/") {
+		host = "127.0.0.1"
+	}
+	proxy, err := newCutProxy(fmt.Sprintf("%s:%d", host, cfg.ConnConfig.Port), faultRate)
+	if err != nil {
+		return "", err
+	}
+	defer proxy.ln.Close()
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.Fallbacks = nil
+	// The SQL text travels with every execution, so the proxy sees COMMIT.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cut, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return "", err
+	}
+	defer cut.Close()
+
+	type system struct {
+		name   string
+		submit func(ctx context.Context, user int64, key string) error
+	}
+	var redisFaults atomic.Int64
+	systems := []system{
+		{"redis recipe", func(ctx context.Context, user int64, key string) error {
+			return recipeOnce(ctx, cut, user, key, &redisFaults)
+		}},
+		{"idem Do", func(ctx context.Context, user int64, key string) error {
+			_, err := idem.Do(ctx, cut, idem.Key{Scope: "faults", ID: key}, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+				return insertSignup(ctx, tx, user)
+			}, tableOpt)
+			return err
+		}},
+	}
+	var t strings.Builder
+	fmt.Fprintf(&t, "faults: %d sign-ups per system, %d workers; %.0f%% of COMMITs have their connection cut right after they are sent (and, for the recipe, %.0f%% of its Redis writes after the commit are lost); clients retry with the same key up to 10 times\n\n",
+		faultRequests, workers, faultRate*100, faultRate*100)
+	fmt.Fprintf(&t, "| system | cuts injected | duplicate effects | stuck keys | errors although committed | lost acknowledged writes |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, sys := range systems {
+		proxy.cuts.Store(0)
+		redisFaults.Store(0)
+		first := signupUser.Load() + 1
+		outcomes := make([]faultOutcome, faultRequests)
+		jobs := make(chan int)
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for i := range jobs {
+					user := first + int64(i)
+					key := fmt.Sprintf("%s-%d-%d", redisRun, user, i)
+					outcomes[i] = outcomeError
+					for attempt := 0; attempt < 10; attempt++ {
+						err := sys.submit(ctx, user, key)
+						if err == nil {
+							outcomes[i] = outcomeOK
+							break
+						}
+						if errors.Is(err, errRecipeInProgress) || errors.Is(err, idem.ErrInProgress) {
+							outcomes[i] = outcomeStuck
+						} else {
+							outcomes[i] = outcomeError
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+				}
+			})
+		}
+		for i := range faultRequests {
+			jobs <- i
+		}
+		close(jobs)
+		wg.Wait()
+		signupUser.Add(int64(faultRequests))
+
+		rows := map[int64]int{}
+		r, err := pool.Query(ctx, `SELECT user_id, count(*) FROM idem_bench.signups WHERE user_id BETWEEN $1 AND $2 GROUP BY user_id`,
+			first, first+int64(faultRequests)-1)
+		if err != nil {
+			return "", err
+		}
+		for r.Next() {
+			var u int64
+			var n int
+			if err := r.Scan(&u, &n); err != nil {
+				return "", err
+			}
+			rows[u] = n
+		}
+		if err := r.Err(); err != nil {
+			return "", err
+		}
+		var dup, stuck, wrongErr, lost int
+		for i, o := range outcomes {
+			n := rows[first+int64(i)]
+			if n > 1 {
+				dup += n - 1
+			}
+			switch {
+			case o == outcomeOK && n == 0:
+				lost++
+			case o == outcomeStuck:
+				stuck++
+			case o == outcomeError && n > 0:
+				wrongErr++
+			}
+		}
+		fmt.Fprintf(&t, "| %s | %d | %d | %d | %d | %d |\n", sys.name, proxy.cuts.Load()+redisFaults.Load(), dup, stuck, wrongErr, lost)
+		fmt.Fprintf(os.Stderr, "  faults: %s done\n", sys.name)
+	}
+	t.WriteString("\nThe recipe's table keeps its unique index, as the scenario has it, so neither system stores a duplicate; the recipe pays instead with keys stuck in PROCESSING until their TTL (a Redis write lost after the commit) and retries refused by the unique index although the first attempt committed (a COMMIT whose answer was lost, then DEL and a fresh claim). idem's retries replay.\n\n")
+	return t.String(), nil
+}
+
+// recipeOnce is redisRecipe for a given user and token, with a share of its
+// post-commit Redis writes lost (the connection to Redis cut).
+func recipeOnce(ctx context.Context, pool *pgxpool.Pool, user int64, key string, redisFaults *atomic.Int64) error {
+	tokenKey := "idem:signup:" + redisRun + ":" + key
+	bizKey := fmt.Sprintf("biz:signup:%s:%d:1", redisRun, user)
+	got, err := redisClient.SetNX(ctx, tokenKey, "PROCESSING", 300*time.Second).Result()
+	if err != nil {
+		return err
+	}
+	if !got {
+		state, err := redisClient.Get(ctx, tokenKey).Result()
+		if err != nil {
+			return err
+		}
+		if state == "PROCESSING" {
+			return errRecipeInProgress
+		}
+		return nil // DONE or DUP: the first answer
+	}
+	if n, err := redisClient.Exists(ctx, bizKey).Result(); err != nil || n > 0 {
+		if err == nil {
+			err = redisClient.Set(ctx, tokenKey, "DUP", 300*time.Second).Err()
+		}
+		return err
+	}
+	err = func() error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := insertSignup(ctx, tx, user); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}()
+	if err != nil {
+		redisClient.Del(context.WithoutCancel(ctx), tokenKey) // release, so the user may retry
+		return err
+	}
+	if rand.Float64() < faultRate {
+		redisFaults.Add(1)
+		return errors.New("redis: connection lost") // the process cannot reach Redis: the token stays PROCESSING
+	}
+	_, err = redisClient.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SetNX(ctx, bizKey, user, 24*time.Hour)
+		p.Set(ctx, tokenKey+":resp", `{"ok":true}`, 24*time.Hour)
+		p.Set(ctx, tokenKey, "DONE", 24*time.Hour)
+		return nil
+	})
+	return err
+}
