@@ -89,7 +89,7 @@ func postOrder(ctx context.Context, url, key string) error {
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusCreated {
+	if resp.StatusCode != http.StatusCreated && !(resp.StatusCode == http.StatusConflict && dupRate > 0) {
 		return fmt.Errorf("%s: status %d", url, resp.StatusCode)
 	}
 	return nil

@@ -102,9 +102,9 @@ type suite struct {
 }
 
 var suites = []suite{
-	{name: "core", about: "one INSERT per operation; every key new", variants: coreVariants},
+	{name: "core", about: "one INSERT per operation (a duplicate request replays)", variants: coreVariants},
 	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
-	{name: "inbox", about: "one message per operation, each new; the handler inserts one row", variants: inboxVariants},
+	{name: "inbox", about: "one message per operation (a duplicate is a redelivery); the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
 	{name: "redis", about: "a sign-up with a new token per operation: the Redis recipe of scenario 000 against idem.Do", setup: setupRedis, variants: redisVariants},
 	{name: "faults", variants: []variant{{"redis recipe", redisRecipe}}, custom: runFaultSuite},
@@ -190,6 +190,12 @@ func (s sample) throughput() float64 { return float64(s.ops) / s.elapsed.Seconds
 
 var keySeq atomic.Int64
 
+// dupShares, jsonPath and chartPath come from -dups, -json and -chart.
+var (
+	dupShares           []float64
+	jsonPath, chartPath string
+)
+
 func measure(ctx context.Context, pool *pgxpool.Pool, v variant, workers int, d time.Duration) (sample, error) {
 	knobs.UnpipelinedBegin.Store(v.name == "Do/end-only")
 	defer knobs.UnpipelinedBegin.Store(false)
@@ -231,6 +237,9 @@ func main() {
 	markdown := flag.String("markdown", "", "also write the report to this file")
 	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
+	dupsFlag := flag.String("dups", "0", "comma-separated shares of duplicate requests for the core, transition, inbox and http suites, e.g. 0,0.5,0.9")
+	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
+	chartOut := flag.String("chart", "", "also draw the core suite's throughput against workers (duplicates 0) to this PNG file")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
 	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size")
 	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
@@ -254,6 +263,15 @@ func main() {
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	for _, f := range strings.Split(*dupsFlag, ",") {
+		d, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || d < 0 || d >= 1 {
+			fmt.Fprintln(os.Stderr, "bench: -dups: want shares in [0, 1), got", f)
+			os.Exit(2)
+		}
+		dupShares = append(dupShares, d)
+	}
+	jsonPath, chartPath = *jsonOut, *chartOut
 	if err := run(*workersFlag, *suitesFlag, *rounds, *duration, *warmup, *markdown); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
@@ -293,7 +311,7 @@ func runSuite(ctx context.Context, pool *pgxpool.Pool, su suite, workers, rounds
 		fmt.Fprintf(os.Stderr, "  %s workers=%d round %d/%d done\n", su.name, workers, r+1, rounds)
 	}
 	var table strings.Builder
-	fmt.Fprintf(&table, "%s: %s; workers=%d\n\n", su.name, su.about, workers)
+	fmt.Fprintf(&table, "%s: %s; workers=%d; duplicate requests %.0f%%\n\n", su.name, su.about, workers, dupRate*100)
 	fmt.Fprintf(&table, "| variant | ops/s (median) | ratio to %s (median of rounds) | ratio range | p50 | p99 | client CPU/op |\n", base)
 	fmt.Fprintf(&table, "|---|---:|---:|---|---:|---:|---:|\n")
 	for _, v := range variants {
@@ -305,6 +323,8 @@ func runSuite(ctx context.Context, pool *pgxpool.Pool, su suite, workers, rounds
 			p99s = append(p99s, s.p99)
 			cpus = append(cpus, s.cpu/time.Duration(max(s.ops, 1)))
 		}
+		addResult(result{Suite: su.name, Dups: dupRate, Workers: workers, Variant: v.name, OpsPerS: median(tps),
+			Ratio: median(ratios[v.name]), P50Micro: medianDur(p50s).Microseconds(), P99Micro: medianDur(p99s).Microseconds()})
 		fmt.Fprintf(&table, "| %s | %.0f | %.2f | %.2f-%.2f | %v | %v | %v |\n", v.name, median(tps), median(ratios[v.name]),
 			slices.Min(ratios[v.name]), slices.Max(ratios[v.name]),
 			medianDur(p50s).Round(10*time.Microsecond), medianDur(p99s).Round(10*time.Microsecond), medianDur(cpus).Round(time.Microsecond))
@@ -374,17 +394,35 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 				return fmt.Errorf("%s: %w", su.name, err)
 			}
 		}
-		for _, workers := range workerCounts {
-			run := func() (string, error) { return runSuite(ctx, pool, su, workers, rounds, duration, warmup) }
-			if su.custom != nil {
-				run = func() (string, error) { return su.custom(ctx, pool, workers, rounds, duration) }
+		shares := dupShares
+		if su.custom != nil || len(shares) == 0 {
+			shares = []float64{0}
+		}
+		for _, share := range shares {
+			dupRate = share
+			for _, workers := range workerCounts {
+				run := func() (string, error) { return runSuite(ctx, pool, su, workers, rounds, duration, warmup) }
+				if su.custom != nil {
+					run = func() (string, error) { return su.custom(ctx, pool, workers, rounds, duration) }
+				}
+				table, err := run()
+				if err != nil {
+					return err
+				}
+				fmt.Print(table)
+				report.WriteString(table)
 			}
-			table, err := run()
-			if err != nil {
-				return err
-			}
-			fmt.Print(table)
-			report.WriteString(table)
+		}
+		dupRate = 0
+	}
+	if jsonPath != "" {
+		if err := writeJSON(jsonPath, version, syncCommit); err != nil {
+			return err
+		}
+	}
+	if chartPath != "" {
+		if err := writeChart(chartPath); err != nil {
+			return err
 		}
 	}
 	if markdown != "" {

@@ -21,8 +21,16 @@ func TestBenchSmoke(t *testing.T) {
 	purgeRows = 5_000
 	tableSizes = []int64{0, 2_000}
 	faultRequests = 100
+	dupShares = []float64{0, 0.5}
+	jsonPath = filepath.Join(t.TempDir(), "results.json")
+	chartPath = filepath.Join(t.TempDir(), "chart.png")
 	if err := run("2", "core,transition,inbox,http,redis,faults,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range []string{jsonPath, chartPath} {
+		if st, err := os.Stat(p); err != nil || st.Size() == 0 {
+			t.Errorf("%s was not written: %v", p, err)
+		}
 	}
 	report, err := os.ReadFile(out)
 	if err != nil {

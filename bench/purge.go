@@ -133,7 +133,7 @@ func measureUntil(ctx context.Context, pool *pgxpool.Pool, v variant, workers in
 					return
 				default:
 				}
-				key := idem.Key{Scope: "bench", ID: strconv.FormatInt(keySeq.Add(1), 36)}
+				key := nextKey()
 				t0 := time.Now()
 				if err := v.op(ctx, pool, key); err != nil {
 					mu.Lock()
