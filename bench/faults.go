@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
 )
@@ -216,55 +215,14 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 	return t.String(), nil
 }
 
-// recipeOnce is redisRecipe for a given user and token, with a share of its
-// post-commit Redis writes lost (the connection to Redis cut).
+// recipeOnce is the recipe with a share faultRate of its post-commit Redis
+// writes lost.
 func recipeOnce(ctx context.Context, pool *pgxpool.Pool, user int64, key string, redisFaults *atomic.Int64) error {
-	tokenKey := "idem:signup:" + redisRun + ":" + key
-	bizKey := fmt.Sprintf("biz:signup:%s:%d:1", redisRun, user)
-	got, err := redisClient.SetNX(ctx, tokenKey, "PROCESSING", 300*time.Second).Result()
-	if err != nil {
-		return err
-	}
-	if !got {
-		state, err := redisClient.Get(ctx, tokenKey).Result()
-		if err != nil {
-			return err
+	return recipe(ctx, pool, user, key, func() bool {
+		if rand.Float64() < faultRate {
+			redisFaults.Add(1)
+			return true
 		}
-		if state == "PROCESSING" {
-			return errRecipeInProgress
-		}
-		return nil // DONE or DUP: the first answer
-	}
-	if n, err := redisClient.Exists(ctx, bizKey).Result(); err != nil || n > 0 {
-		if err == nil {
-			err = redisClient.Set(ctx, tokenKey, "DUP", 300*time.Second).Err()
-		}
-		return err
-	}
-	err = func() error {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck
-		if _, err := insertSignup(ctx, tx, user); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
-	}()
-	if err != nil {
-		redisClient.Del(context.WithoutCancel(ctx), tokenKey) // release, so the user may retry
-		return err
-	}
-	if rand.Float64() < faultRate {
-		redisFaults.Add(1)
-		return errors.New("redis: connection lost") // the process cannot reach Redis: the token stays PROCESSING
-	}
-	_, err = redisClient.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.SetNX(ctx, bizKey, user, 24*time.Hour)
-		p.Set(ctx, tokenKey+":resp", `{"ok":true}`, 24*time.Hour)
-		p.Set(ctx, tokenKey, "DONE", 24*time.Hour)
-		return nil
+		return false
 	})
-	return err
 }

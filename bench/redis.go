@@ -63,8 +63,14 @@ var errRecipeInProgress = errors.New("in progress")
 
 // redisRecipe is one submission through the recipe, with a new token.
 func redisRecipe(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-	user := signupUser.Add(1)
-	tokenKey := "idem:signup:" + redisRun + ":" + key.ID
+	return recipe(ctx, pool, signupUser.Add(1), key.ID, nil)
+}
+
+// recipe runs the recipe for user with token key. lostRedis, when set, is
+// asked after the commit whether the connection to Redis is lost (the fault
+// suite's injection): the response writes are then never made.
+func recipe(ctx context.Context, pool *pgxpool.Pool, user int64, key string, lostRedis func() bool) error {
+	tokenKey := "idem:signup:" + redisRun + ":" + key
 	bizKey := "biz:signup:" + redisRun + ":" + strconv.FormatInt(user, 10) + ":1"
 	got, err := redisClient.SetNX(ctx, tokenKey, "PROCESSING", 300*time.Second).Result()
 	if err != nil {
@@ -78,7 +84,11 @@ func redisRecipe(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 		if state == "PROCESSING" {
 			return errRecipeInProgress
 		}
-		return redisClient.Get(ctx, tokenKey+":resp").Err() // the first answer
+		// The first answer, or {} when there is none (DUP), as the scenario does.
+		if err := redisClient.Get(ctx, tokenKey+":resp").Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		return nil
 	}
 	if n, err := redisClient.Exists(ctx, bizKey).Result(); err != nil || n > 0 {
 		if err == nil {
@@ -101,6 +111,9 @@ func redisRecipe(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 	if err != nil {
 		redisClient.Del(context.WithoutCancel(ctx), tokenKey) // release, so the user may retry
 		return err
+	}
+	if lostRedis != nil && lostRedis() {
+		return errors.New("redis: connection lost") // the token stays PROCESSING until its TTL
 	}
 	resp, _ := json.Marshal(map[string]any{"ok": true, "orderId": id})
 	_, err = redisClient.Pipelined(ctx, func(p redis.Pipeliner) error {
