@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/exampledb"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/migrations"
 )
@@ -56,20 +57,7 @@ func main() {
 }
 
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("cannot reach PostgreSQL (set DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable): %w", err)
-	}
-	return pool, nil
+	return exampledb.Connect(ctx, url, schema)
 }
 
 func newHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {

@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/exampledb"
 	"github.com/idemkit/idem/migrations"
 )
 
@@ -62,20 +63,7 @@ func main() {
 }
 
 func connect(ctx context.Context) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
-	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("cannot reach PostgreSQL (set DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable): %w", err)
-	}
-	return pool, nil
+	return exampledb.Connect(ctx, os.Getenv("DATABASE_URL"), schema)
 }
 
 // service holds the database and the order state machine.
