@@ -1,22 +1,18 @@
 package integration_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/integration/internal/cutproxy"
 	"github.com/idemkit/idem/integration/internal/pgtest"
 )
 
@@ -167,84 +163,18 @@ func TestRecordVanishingAfterTheConflictIsClaimedAgain(t *testing.T) {
 	require.Equal(t, idem.StatusSucceeded, s.ReadRecord(t, pool, key).Status)
 }
 
-// commitCutter is a TCP proxy in front of PostgreSQL that, once armed, cuts
-// the connection right after forwarding a client message carrying COMMIT.
-type commitCutter struct {
-	ln     net.Listener
-	target func() (net.Conn, error)
-	armed  atomic.Bool
-	cuts   atomic.Int64
-	wg     sync.WaitGroup
-}
-
-func newCommitCutter(t *testing.T) *commitCutter {
-	cfg, err := pgconn.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &commitCutter{ln: ln, target: func() (net.Conn, error) {
-		if strings.HasPrefix(cfg.Host, "/") {
-			return net.Dial("unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port))
-		}
-		return net.Dial("tcp", net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
-	}}
-	p.wg.Go(p.serve)
-	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
-	return p
-}
-
-func (p *commitCutter) serve() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := p.target()
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.wg.Go(func() { _, _ = io.Copy(client, server); client.Close() })
-		p.wg.Go(func() {
-			defer server.Close()
-			defer client.Close()
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := client.Read(buf)
-				if n > 0 {
-					if _, werr := server.Write(buf[:n]); werr != nil {
-						return
-					}
-					if p.armed.Load() && bytes.Contains(buf[:n], []byte("COMMIT")) {
-						p.cuts.Add(1)
-						return // cut both sides before any answer comes back
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
-	}
-}
-
-func (p *commitCutter) url(t *testing.T) string {
-	cfg, err := pgconn.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cfg.User, p.ln.Addr(), cfg.Database)
-}
-
 // TestConnectionLostDuringCommit cuts the connection while COMMIT is in
 // flight: Do must say the outcome is unknown, and a retry with the same key
 // must settle it with exactly one effect.
 func TestConnectionLostDuringCommit(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
-	proxy := newCommitCutter(t)
-	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(proxy.url(t))
+	proxy, err := cutproxy.New(pgtest.URL())
 	require.NoError(t, err)
-	cfg.Password = mustConfig(t).Password
+	t.Cleanup(proxy.Close)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(proxy.URL())
+	require.NoError(t, err)
 	// Send the SQL text with every execution so the proxy can see COMMIT.
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	conn, err := pgx.ConnectConfig(ctx, cfg)
@@ -253,11 +183,11 @@ func TestConnectionLostDuringCommit(t *testing.T) {
 
 	c := &counter{s: s}
 	key := newKey(t)
-	proxy.armed.Store(true)
+	proxy.SetCutRate(1)
 	_, err = idem.Do(ctx, conn, key, c.fn(key), s.Opt)
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	require.EqualValues(t, 1, proxy.cuts.Load())
-	proxy.armed.Store(false)
+	require.EqualValues(t, 1, proxy.Cuts())
+	proxy.SetCutRate(0)
 
 	res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt)
 	require.NoError(t, err)
@@ -268,12 +198,6 @@ func TestConnectionLostDuringCommit(t *testing.T) {
 		require.EqualValues(t, 2, c.runs.Load(), "the cut COMMIT had not committed: the retry runs fn")
 	}
 	t.Logf("after the cut, the retry replayed: %v", res.Replayed)
-}
-
-func mustConfig(t *testing.T) *pgconn.Config {
-	cfg, err := pgconn.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	return cfg
 }
 
 // TestErrorsMatchSentinels keeps the wrapped errors usable with errors.Is.

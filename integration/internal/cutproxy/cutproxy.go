@@ -1,0 +1,168 @@
+// Package cutproxy is a TCP proxy in front of PostgreSQL that can cut a
+// connection right after forwarding a COMMIT, before any answer comes back:
+// the client cannot tell whether its transaction committed.
+//
+// The proxy sees COMMIT only when the client sends the statement's text with
+// each execution, so connect through it with pgx.QueryExecModeExec (or the
+// simple protocol).
+package cutproxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Proxy forwards connections to one PostgreSQL server. The zero value is not
+// usable; call New.
+type Proxy struct {
+	ln     net.Listener
+	cfg    *pgconn.Config
+	rate   atomic.Uint64 // cut probability, in millionths
+	cuts   atomic.Int64
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	open   map[net.Conn]struct{}
+	closed bool
+}
+
+// New starts a proxy on a free loopback port in front of the server that
+// databaseURL names.
+func New(databaseURL string) (*Proxy, error) {
+	cfg, err := pgconn.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("cutproxy: parsing the database URL: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("cutproxy: %w", err)
+	}
+	p := &Proxy{ln: ln, cfg: cfg, open: map[net.Conn]struct{}{}}
+	p.wg.Go(p.serve)
+	return p, nil
+}
+
+// URL is databaseURL's connection string pointed at the proxy.
+func (p *Proxy) URL() string {
+	u := p.cfg.User
+	if p.cfg.Password != "" {
+		u += ":" + p.cfg.Password
+	}
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", u, p.ln.Addr(), p.cfg.Database)
+}
+
+// SetCutRate sets the probability, from 0 to 1, that a client message
+// carrying COMMIT is the last one forwarded on its connection.
+func (p *Proxy) SetCutRate(rate float64) {
+	rate = min(max(rate, 0), 1)
+	p.rate.Store(uint64(rate * 1e6))
+}
+
+// Cuts is how many connections the proxy cut after a COMMIT.
+func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
+
+// Close stops accepting, closes every forwarded connection and waits for the
+// proxy's goroutines.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	for c := range p.open {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.ln.Close()
+	p.wg.Wait()
+}
+
+func (p *Proxy) dial() (net.Conn, error) {
+	if strings.HasPrefix(p.cfg.Host, "/") {
+		return net.Dial("unix", fmt.Sprintf("%s/.s.PGSQL.%d", p.cfg.Host, p.cfg.Port))
+	}
+	return net.Dial("tcp", net.JoinHostPort(p.cfg.Host, fmt.Sprint(p.cfg.Port)))
+}
+
+// track registers c so that Close can end it; it reports false once the
+// proxy is closed.
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.open[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.open, c)
+	p.mu.Unlock()
+	c.Close()
+}
+
+func (p *Proxy) serve() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := p.dial()
+		if err != nil {
+			client.Close()
+			continue
+		}
+		if !p.track(client) || !p.track(server) {
+			client.Close()
+			server.Close()
+			return
+		}
+		p.wg.Go(func() {
+			_, _ = io.Copy(client, server)
+			p.untrack(client)
+		})
+		p.wg.Go(func() {
+			defer p.untrack(server)
+			defer p.untrack(client)
+			p.forward(client, server)
+		})
+	}
+}
+
+// forward copies the client's messages to the server until either side ends
+// or a COMMIT is chosen to be the last message.
+func (p *Proxy) forward(client, server net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				return
+			}
+			if p.cut(buf[:n]) {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) cut(msg []byte) bool {
+	rate := p.rate.Load()
+	if rate == 0 || !(bytes.Contains(msg, []byte("COMMIT")) || bytes.Contains(msg, []byte("commit"))) {
+		return false
+	}
+	if rate < 1e6 && rand.Uint64N(1e6) >= rate {
+		return false
+	}
+	p.cuts.Add(1)
+	return true
+}
