@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
 // Codec turns fn's results into the bytes stored in the record and back.
@@ -39,6 +40,30 @@ func encodeValue[T any](codec Codec, v T) ([]byte, error) {
 		return nil, fmt.Errorf("idem: encoding the result (%T): %w", v, err)
 	}
 	return nonNil(data), nil
+}
+
+// encodeResult encodes v as encodeValue does and refuses an encoding larger
+// than cfg's limit (WithMaxResultSize).
+func encodeResult[T any](cfg *config, v T) ([]byte, error) {
+	data, err := encodeValue(cfg.codec, v)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > cfg.maxResult {
+		return nil, fmt.Errorf("%w: the encoded %T is %d bytes, over the limit of %d (WithMaxResultSize)",
+			ErrResultTooLarge, v, len(data), cfg.maxResult)
+	}
+	return data, nil
+}
+
+// failureMessage is what a record stores for a permanent failure: err's
+// message, cut to cfg's limit (WithMaxResultSize) at a UTF-8 boundary.
+func failureMessage(cfg *config, err error) []byte {
+	msg := err.Error()
+	if len(msg) > cfg.maxResult {
+		msg = strings.ToValidUTF8(msg[:cfg.maxResult], "")
+	}
+	return []byte(msg)
 }
 
 func decodeValue[T any](codec Codec, data []byte) (T, error) {

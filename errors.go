@@ -44,6 +44,12 @@ var (
 	// ErrInvalidTransition means a state machine was asked for a transition
 	// its rules do not allow from the row's current state.
 	ErrInvalidTransition = errors.New("idem: invalid transition")
+
+	// ErrResultTooLarge means fn's encoded result (or a lease's checkpoint
+	// data) is larger than the limit WithMaxResultSize sets. Nothing is
+	// recorded: the call fails as if fn had returned this error, so fn's
+	// writes and the claim are rolled back and a retry runs fn again.
+	ErrResultTooLarge = errors.New("idem: encoded result too large to record")
 )
 
 // InvalidKeyError describes why a Key was rejected. It matches ErrInvalidKey.

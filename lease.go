@@ -181,7 +181,8 @@ func (l *Lease[T]) guarded(ctx context.Context, db DBTX, sql string, args ...any
 		return err
 	}
 	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("%w: key %q is no longer held at attempt %d", ErrLeaseLost, l.key.ID, l.attempt)
+		// The key itself stays out of the message, which may be logged.
+		return fmt.Errorf("%w: the key is no longer held at attempt %d", ErrLeaseLost, l.attempt)
 	}
 	return nil
 }
@@ -268,7 +269,7 @@ func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data a
 	if point == "" {
 		return fmt.Errorf("%w: Checkpoint needs a non-empty point", ErrInvalidOption)
 	}
-	enc, err := encodeValue[any](l.cfg.codec, data)
+	enc, err := encodeResult[any](&l.cfg, data)
 	if err != nil {
 		return err
 	}
@@ -282,9 +283,10 @@ func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data a
 // Complete records v as the key's result, normally inside the transaction
 // that writes the work's business rows, so that both commit together. It
 // returns ErrLeaseLost if another worker took the key over: that transaction
-// must then roll back.
+// must then roll back. A v whose encoding exceeds WithMaxResultSize returns
+// ErrResultTooLarge before any SQL, and the lease is still held.
 func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
-	data, err := encodeValue(l.cfg.codec, v)
+	data, err := encodeResult(&l.cfg, v)
 	if err != nil {
 		return err
 	}
@@ -300,7 +302,7 @@ func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
 		return fmt.Errorf("%w: Fail needs an error", ErrInvalidOption)
 	}
 	l.finished.Store(true)
-	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusFailed, []byte(cause.Error()), l.cfg.ttl.Microseconds())
+	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusFailed, failureMessage(&l.cfg, cause), l.cfg.ttl.Microseconds())
 }
 
 // Release gives the key up without finishing: the lease ends now, so the

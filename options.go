@@ -12,6 +12,10 @@ import (
 // otherwise.
 const DefaultTTL = 24 * time.Hour
 
+// DefaultMaxResultSize is the largest encoded result, in bytes, that is
+// recorded unless WithMaxResultSize says otherwise: 1 MiB.
+const DefaultMaxResultSize = 1 << 20
+
 // Option configures one call of WithIdempotency or Do. Options that do not
 // apply to a call (WithTxOptions for WithIdempotency) are ignored by it.
 type Option func(*config)
@@ -26,6 +30,8 @@ type config struct {
 	inbox         *inboxQueries // the inbox table's statements
 	txOptions     pgx.TxOptions
 	retry         RetryPolicy
+	maxResult     int   // the largest encoded result recorded, in bytes
+	hooks         Hooks // nil: no events
 	err           error
 }
 
@@ -57,6 +63,28 @@ func NoWait() Option {
 // restores the default.
 func WithCodec(codec Codec) Option {
 	return func(c *config) { c.codec = codec }
+}
+
+// WithMaxResultSize caps the size, in bytes, of what a record stores: fn's
+// encoded result (WithIdempotency, Do, Lease.Complete) and a lease's
+// checkpoint data. It defaults to DefaultMaxResultSize (1 MiB); 0 means the
+// default and a negative n is an ErrInvalidOption. A result over the cap is
+// not recorded: the call returns an error matching ErrResultTooLarge, fn's
+// writes and the claim are rolled back as for any error fn returns, and the
+// caller's transaction stays usable. The message of a Permanent error is
+// stored cut to at most n bytes (at a UTF-8 boundary); the caller of the
+// first execution still gets the whole error.
+func WithMaxResultSize(n int) Option {
+	return func(c *config) {
+		switch {
+		case n < 0:
+			c.fail("WithMaxResultSize(%d): the size must not be negative", n)
+		case n == 0:
+			c.maxResult = DefaultMaxResultSize
+		default:
+			c.maxResult = n
+		}
+	}
 }
 
 // WithTable names the record table. It defaults to DefaultTable
@@ -135,7 +163,7 @@ func (c *config) fail(format string, args ...any) {
 }
 
 func newConfig(opts []Option) (config, error) {
-	c := config{ttl: DefaultTTL, q: defaultQueries, inbox: defaultInboxQueries}
+	c := config{ttl: DefaultTTL, q: defaultQueries, inbox: defaultInboxQueries, maxResult: DefaultMaxResultSize}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)

@@ -1,7 +1,10 @@
 package idem
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"sync"
 	"unicode"
 	"unicode/utf8"
@@ -26,6 +29,24 @@ type Key struct {
 	// say). When the key was first used with another fingerprint the call
 	// fails with ErrKeyReused. nil and empty are the same fingerprint.
 	Fingerprint []byte
+}
+
+// LogValue makes log/slog print k without its Scope and ID in clear: each
+// is replaced by "sha256:" and the first 12 hex digits of its SHA-256, which
+// lets log lines about one key be matched without storing the key. The
+// digest is not a secret: a key of few possible values can be recovered from
+// it by trying them. fmt's verbs still print the fields as they are.
+func (k Key) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("scope", redact(k.Scope)),
+		slog.String("id", redact(k.ID)),
+	)
+}
+
+// redact stands in for a key part in logs and messages.
+func redact(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(h[:6])
 }
 
 // Validate reports whether k is well formed. It returns an *InvalidKeyError
@@ -80,6 +101,8 @@ const DefaultTable = "idempotent_record"
 
 // queries are the statements for one record table.
 type queries struct {
+	// table is the record table's sanitized, schema-qualified name.
+	table string
 	// claim inserts a processing record; it returns no row when the key
 	// exists (after waiting for an uncommitted holder to finish).
 	claim string
@@ -162,6 +185,7 @@ func buildQueries(t string) *queries {
 	const takeable = `((locked_until IS NULL OR locked_until <= clock_timestamp())
 	AND (expires_at <= clock_timestamp() OR status IN ('issued', 'processing')))`
 	return &queries{
+		table: t,
 		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
 	VALUES ($1, $2, $3, 'processing', 1, now(), now(), ` + ttlExpr + `)
 	ON CONFLICT (scope, key) DO NOTHING

@@ -433,7 +433,9 @@ SELECT EXISTS (SELECT FROM cur), (SELECT state FROM cur), EXISTS (SELECT FROM up
 
 // HistoryTableDDL returns a CREATE TABLE statement for the machine's history
 // table, with entity_id of type idType (e.g. "bigint", "uuid"), or "" when
-// the machine has none.
+// the machine has none. The table name is quoted, but idType is SQL copied
+// into the statement as it is: it must come from the program, never from
+// input.
 func (m *StateMachine) HistoryTableDDL(idType string) string {
 	if m.history == "" {
 		return ""

@@ -74,7 +74,9 @@ const noWaitLockTimeout = "50ms"
 // with another Fingerprint returns ErrKeyReused; an error from fn rolls back
 // fn's writes and the claim and is returned as it is; Permanent(err) rolls back
 // fn's writes, records the failure and is returned again to later calls (with
-// Replayed true); a panic in fn rolls back the same way and is re-raised.
+// Replayed true); a panic in fn rolls back the same way and is re-raised; a
+// result whose encoding exceeds WithMaxResultSize is not recorded and fails
+// with ErrResultTooLarge, rolled back like an error from fn.
 // After ErrInProgress, ErrKeyReused, replays and fn's own errors, tx is still
 // usable, with its settings and savepoints as they were. Under REPEATABLE
 // READ and SERIALIZABLE a concurrent first execution that commits first makes
@@ -119,7 +121,7 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		_ = c.abandon(ctx, rec.attempt)
 		panic(panicked)
 	case fnErr == nil:
-		data, err := encodeValue(cfg.codec, v)
+		data, err := encodeResult(&cfg, v)
 		if err != nil {
 			if cerr := c.abandon(ctx, rec.attempt); cerr != nil {
 				err = errors.Join(err, cerr)
@@ -144,7 +146,7 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn)
 		if err == nil {
 			b := &pgx.Batch{}
-			b.Queue(c.q.complete, key.Scope, key.ID, StatusFailed, []byte(fnErr.Error()), rec.attempt)
+			b.Queue(c.q.complete, key.Scope, key.ID, StatusFailed, failureMessage(&cfg, fnErr), rec.attempt)
 			b.Queue("RELEASE SAVEPOINT " + spFn)
 			err = tx.SendBatch(ctx, b).Close()
 		}
@@ -303,7 +305,7 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	if *failure != nil {
 		// An earlier attempt's fn failed permanently and was rolled back:
 		// record that outcome without running fn again.
-		status, data = StatusFailed, []byte((*failure).Error())
+		status, data = StatusFailed, failureMessage(cfg, *failure)
 	} else {
 		g := newGuard(tx)
 		v, fnErr, panicked := callFn(ctx, g, fn)
@@ -325,7 +327,7 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 			return res, fnErr
 		}
 		status = StatusSucceeded
-		if data, err = encodeValue(cfg.codec, v); err != nil {
+		if data, err = encodeResult(cfg, v); err != nil {
 			return res, err
 		}
 		res.Value = v

@@ -77,8 +77,8 @@ type Config struct {
 	// is required and its absence answers 400.
 	Optional bool
 	// Fingerprint digests a request so that a key reused for another
-	// request is refused (422). It defaults to SHA-256 over the method, the
-	// path, the raw query and the body.
+	// request is refused (422). It defaults to DefaultFingerprint: SHA-256
+	// over the method, the escaped path, the raw query and the body.
 	Fingerprint func(r *http.Request, body []byte) []byte
 	// RecordHeaders lists the response headers that are recorded and
 	// replayed. The first response carries every header the handler set;
@@ -89,7 +89,10 @@ type Config struct {
 	// defaults to 1 MiB; a larger body answers 413.
 	MaxRequestBody int64
 	// MaxResponseBody caps the recorded response body. It defaults to 1 MiB;
-	// a larger response answers 500 and nothing is recorded.
+	// a larger response answers 500 and nothing is recorded. The whole
+	// recorded response (status, recorded headers and body) is capped at
+	// MaxResponseBody plus 64 KiB through idem.WithMaxResultSize, which an
+	// idem.WithMaxResultSize in Options overrides.
 	MaxResponseBody int64
 	// Wait makes a request whose key is in flight wait for the first one and
 	// get its replay, instead of an immediate 409.
@@ -135,7 +138,11 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 	if cfg.RetryAfter == 0 {
 		cfg.RetryAfter = time.Second
 	}
-	opts := append([]idem.Option{idem.WithCodec(responseCodec{})}, cfg.Options...)
+	recordCap := int64(math.MaxInt)
+	if cfg.MaxResponseBody < recordCap-responseOverhead {
+		recordCap = cfg.MaxResponseBody + responseOverhead
+	}
+	opts := append([]idem.Option{idem.WithCodec(responseCodec{}), idem.WithMaxResultSize(int(recordCap))}, cfg.Options...)
 	if cfg.TTL > 0 {
 		opts = append(opts, idem.WithTTL(cfg.TTL))
 	}
@@ -150,11 +157,19 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 	}, nil
 }
 
-// DefaultFingerprint is SHA-256 over the method, path, raw query and body,
-// each followed by a NUL byte.
+// responseOverhead is what a recorded response may add to its body: the
+// status and the recorded headers.
+const responseOverhead = 64 << 10
+
+// DefaultFingerprint is SHA-256 over the method, the escaped path
+// (r.URL.EscapedPath), the raw query, each followed by a NUL byte, and the
+// body. The path is taken escaped so that requests the router tells apart
+// ("/a%2Fb" and "/a/b") differ, and so that no field of a request net/http
+// accepted holds a NUL byte (url.Parse refuses control characters): two
+// different requests never have the same input.
 func DefaultFingerprint(r *http.Request, body []byte) []byte {
 	h := sha256.New()
-	for _, s := range []string{r.Method, r.URL.Path, r.URL.RawQuery} {
+	for _, s := range []string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -269,7 +284,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeResponse(w, resp)
 	case errors.As(err, &nr):
 		writeResponse(w, nr.resp)
-	case errors.Is(err, errTooLarge):
+	case errors.Is(err, errTooLarge), errors.Is(err, idem.ErrResultTooLarge):
 		problem(w, http.StatusInternalServerError, "response-too-large",
 			fmt.Sprintf("The response exceeds the %d bytes that can be recorded; nothing was recorded.", m.cfg.MaxResponseBody))
 	case errors.Is(err, idem.ErrInProgress):

@@ -1,0 +1,157 @@
+package idem
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// EventKind says what happened to a key. See Hooks.
+type EventKind uint8
+
+const (
+	// EventExecuted: fn ran and its outcome (a result, or a Permanent
+	// error) was recorded in the caller's or Do's transaction. For Claim it
+	// is a first claim of the key: the lease is held.
+	EventExecuted EventKind = iota + 1
+	// EventReplayed: the key had finished; its recorded outcome was
+	// returned and fn did not run.
+	EventReplayed
+	// EventInProgress: another caller holds the key; the call returned
+	// ErrInProgress.
+	EventInProgress
+	// EventKeyReused: the key was first used with another fingerprint; the
+	// call returned ErrKeyReused.
+	EventKeyReused
+	// EventTakeover: an expired record, or a lease that ran out, was
+	// claimed again (Attempt is the new fencing token in lease mode).
+	EventTakeover
+	// EventLeaseLost: a lease's holder found its lease taken over or
+	// finished by another (ErrLeaseLost).
+	EventLeaseLost
+	// EventPurged: Purge deleted Rows expired records (Key is zero).
+	EventPurged
+)
+
+var eventNames = [...]string{"", "executed", "replayed", "in_progress", "key_reused", "takeover", "lease_lost", "purged"}
+
+// String is the kind's name in snake case ("in_progress"), as metrics and
+// logs use it.
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) && k != 0 {
+		return eventNames[k]
+	}
+	return "unknown"
+}
+
+// Event is one thing idem did, handed to Hooks.
+type Event struct {
+	// Kind says what happened.
+	Kind EventKind
+	// Op is the entry point: "WithIdempotency", "Do", "Claim", "Extend",
+	// "Checkpoint", "Complete", "Fail", "Release" or "Purge".
+	Op string
+	// Key is the key concerned, zero for EventPurged. It holds the caller's
+	// key in clear: hash it before logging it (Key.LogValue does).
+	Key Key
+	// Attempt is the lease's fencing token for lease-mode events, else 0.
+	Attempt int32
+	// Duration is the time from the start of the call to the event.
+	Duration time.Duration
+	// Rows is how many rows EventPurged deleted.
+	Rows int64
+	// Err is the error the call returns with the event (ErrInProgress,
+	// ErrKeyReused, ErrLeaseLost, a replayed Permanent error), or nil.
+	Err error
+}
+
+// Hooks receive idem's events, for logs, metrics and traces. Event is
+// called synchronously on the caller's goroutine, after the fact and
+// possibly concurrently from many goroutines; it must be quick and must
+// not block (hand slow work to another goroutine). An event inside a
+// caller's transaction (WithIdempotency) is reported before that
+// transaction commits: the caller may still roll it back.
+//
+// With no hooks set (the default), idem builds no Event and allocates
+// nothing for them.
+type Hooks interface {
+	Event(ctx context.Context, e Event)
+}
+
+// WithHooks sends the call's events to h (nil leaves hooks off). Pass the
+// same option to every call, or wrap it once in a slice of options.
+func WithHooks(h Hooks) Option {
+	return func(c *config) { c.hooks = h }
+}
+
+// emit reports an event when hooks are set; with none it costs a nil check.
+func (c *config) emit(ctx context.Context, kind EventKind, op string, key Key, attempt int32, start time.Time, err error) {
+	if c.hooks == nil {
+		return
+	}
+	c.hooks.Event(ctx, Event{Kind: kind, Op: op, Key: key, Attempt: attempt, Duration: time.Since(start), Err: err})
+}
+
+// SlogHooks logs events with log/slog. The zero value logs to
+// slog.Default() with keys hashed.
+type SlogHooks struct {
+	// Logger receives the records. It defaults to slog.Default().
+	Logger *slog.Logger
+	// Level gives each kind's level. It defaults to Debug for executed and
+	// replayed (one per call), Warn for key_reused and lease_lost, and Info
+	// for the rest.
+	Level func(EventKind) slog.Level
+	// ClearKeys logs scopes and keys as they are. By default each is
+	// replaced by "sha256:" and 12 hex digits of its SHA-256 (see
+	// Key.LogValue), so logs never hold a caller's key.
+	ClearKeys bool
+}
+
+// DefaultEventLevel is SlogHooks' default Level.
+func DefaultEventLevel(k EventKind) slog.Level {
+	switch k {
+	case EventExecuted, EventReplayed:
+		return slog.LevelDebug
+	case EventKeyReused, EventLeaseLost:
+		return slog.LevelWarn
+	default:
+		return slog.LevelInfo
+	}
+}
+
+// Event logs e as "idem <kind>" with the op, the key (hashed unless
+// ClearKeys), the attempt, the duration, the rows and the error where they
+// apply.
+func (h SlogHooks) Event(ctx context.Context, e Event) {
+	l := h.Logger
+	if l == nil {
+		l = slog.Default()
+	}
+	level := DefaultEventLevel(e.Kind)
+	if h.Level != nil {
+		level = h.Level(e.Kind)
+	}
+	if !l.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 6)
+	attrs = append(attrs, slog.String("op", e.Op))
+	if e.Kind != EventPurged {
+		if h.ClearKeys {
+			attrs = append(attrs, slog.Group("key", slog.String("scope", e.Key.Scope), slog.String("id", e.Key.ID)))
+		} else {
+			attrs = append(attrs, slog.Any("key", e.Key))
+		}
+	}
+	if e.Attempt != 0 {
+		attrs = append(attrs, slog.Int("attempt", int(e.Attempt)))
+	}
+	attrs = append(attrs, slog.Duration("duration", e.Duration))
+	if e.Kind == EventPurged {
+		attrs = append(attrs, slog.Int64("rows", e.Rows))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("error", e.Err.Error()))
+	}
+	l.LogAttrs(ctx, level, "idem "+e.Kind.String(), attrs...)
+}
