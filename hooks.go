@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
@@ -29,7 +30,8 @@ const (
 	// EventLeaseLost: a lease's holder found its lease taken over or
 	// finished by another (ErrLeaseLost).
 	EventLeaseLost
-	// EventPurged: Purge deleted Rows expired records (Key is zero).
+	// EventPurged: a Purge call deleted Rows rows (Key is zero); a call
+	// that deleted nothing reports no event.
 	EventPurged
 )
 
@@ -56,7 +58,8 @@ type Event struct {
 	Key Key
 	// Attempt is the lease's fencing token for lease-mode events, else 0.
 	Attempt int32
-	// Duration is the time from the start of the call to the event.
+	// Duration is the time from the start of the call to the event; 0 for
+	// takeover and lease_lost events, which happen inside a call.
 	Duration time.Duration
 	// Rows is how many rows EventPurged deleted.
 	Rows int64
@@ -85,11 +88,41 @@ func WithHooks(h Hooks) Option {
 }
 
 // emit reports an event when hooks are set; with none it costs a nil check.
+// A zero start reports no duration.
 func (c *config) emit(ctx context.Context, kind EventKind, op string, key Key, attempt int32, start time.Time, err error) {
 	if c.hooks == nil {
 		return
 	}
-	c.hooks.Event(ctx, Event{Kind: kind, Op: op, Key: key, Attempt: attempt, Duration: time.Since(start), Err: err})
+	var d time.Duration
+	if !start.IsZero() {
+		d = time.Since(start)
+	}
+	c.hooks.Event(ctx, Event{Kind: kind, Op: op, Key: key, Attempt: attempt, Duration: d, Err: err})
+}
+
+// report emits the event that a call's outcome stands for: executed (a
+// result or a recorded Permanent error), replayed, in progress, key reused
+// or lease lost. Other failures are the caller's to log.
+func (c *config) report(ctx context.Context, op string, key Key, start time.Time, replayed bool, err error) {
+	if c.hooks == nil {
+		return
+	}
+	var kind EventKind
+	switch {
+	case replayed:
+		kind = EventReplayed
+	case err == nil || IsPermanent(err):
+		kind = EventExecuted
+	case errors.Is(err, ErrInProgress):
+		kind = EventInProgress
+	case errors.Is(err, ErrKeyReused):
+		kind = EventKeyReused
+	case errors.Is(err, ErrLeaseLost):
+		kind = EventLeaseLost
+	default:
+		return
+	}
+	c.hooks.Event(ctx, Event{Kind: kind, Op: op, Key: key, Duration: time.Since(start), Err: err})
 }
 
 // SlogHooks logs events with log/slog. The zero value logs to

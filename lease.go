@@ -76,6 +76,22 @@ func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, op
 			return nil, zero, err
 		}
 	}
+	start := time.Now()
+	l, res, err := claim[T](ctx, db, key, lease, &cfg)
+	switch {
+	case l != nil && l.attempt > 1:
+		cfg.emit(ctx, EventTakeover, "Claim", key, l.attempt, start, nil)
+	case l != nil:
+		cfg.emit(ctx, EventExecuted, "Claim", key, l.attempt, start, nil)
+	default:
+		cfg.report(ctx, "Claim", key, start, res.Replayed, err)
+	}
+	return l, res, err
+}
+
+// claim is Claim after the checks, without the event.
+func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cfg *config) (*Lease[T], Result[T], error) {
+	var zero Result[T]
 	claimSQL := cfg.q.leaseClaim
 	if cfg.requireIssued {
 		claimSQL = cfg.q.leaseClaimIssued
@@ -83,7 +99,7 @@ func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, op
 	_, inTx := db.(pgx.Tx)
 
 	for range maxClaimTries {
-		l := &Lease[T]{key: key, duration: lease, cfg: cfg, granted: time.Now()}
+		l := &Lease[T]{key: key, duration: lease, cfg: *cfg, granted: time.Now()}
 		var rec record
 		claimed, found := false, false
 		b := &pgx.Batch{}
@@ -134,7 +150,7 @@ func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, op
 		case rec.expired || rec.status == StatusIssued:
 			continue // expired, or a token freed, between the statements: claim again
 		}
-		res, err := replay[T](rec, &cfg)
+		res, err := replay[T](rec, cfg)
 		return nil, res, err
 	}
 	return nil, zero, fmt.Errorf("idem: could not claim the key after %d tries", maxClaimTries)
@@ -172,7 +188,7 @@ func (l *Lease[T]) RecoveryData(v any) error {
 
 // guarded runs one of the lease's guarded statements and turns "no row" into
 // ErrLeaseLost.
-func (l *Lease[T]) guarded(ctx context.Context, db DBTX, sql string, args ...any) error {
+func (l *Lease[T]) guarded(ctx context.Context, db DBTX, op, sql string, args ...any) error {
 	if db == nil {
 		return fmt.Errorf("%w: a lease call needs a database", ErrInvalidOption)
 	}
@@ -182,7 +198,9 @@ func (l *Lease[T]) guarded(ctx context.Context, db DBTX, sql string, args ...any
 	}
 	if tag.RowsAffected() != 1 {
 		// The key itself stays out of the message, which may be logged.
-		return fmt.Errorf("%w: the key is no longer held at attempt %d", ErrLeaseLost, l.attempt)
+		err := fmt.Errorf("%w: the key is no longer held at attempt %d", ErrLeaseLost, l.attempt)
+		l.cfg.emit(ctx, EventLeaseLost, op, l.key, l.attempt, time.Time{}, err)
+		return err
 	}
 	return nil
 }
@@ -191,7 +209,7 @@ func (l *Lease[T]) guarded(ctx context.Context, db DBTX, sql string, args ...any
 // clock: the heartbeat. It returns ErrLeaseLost if another worker took the
 // key over.
 func (l *Lease[T]) Extend(ctx context.Context, db DBTX) error {
-	return l.guarded(ctx, db, l.cfg.q.leaseUpdate, l.duration.Microseconds())
+	return l.guarded(ctx, db, "Extend", l.cfg.q.leaseUpdate, l.duration.Microseconds())
 }
 
 // KeepAlive renews the lease in the background every third of its duration:
@@ -273,7 +291,7 @@ func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data a
 	if err != nil {
 		return err
 	}
-	if err := l.guarded(ctx, db, l.cfg.q.leaseCheckpoint, point, enc, l.duration.Microseconds()); err != nil {
+	if err := l.guarded(ctx, db, "Checkpoint", l.cfg.q.leaseCheckpoint, point, enc, l.duration.Microseconds()); err != nil {
 		return err
 	}
 	l.point, l.data = point, enc
@@ -291,7 +309,7 @@ func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
 		return err
 	}
 	l.finished.Store(true)
-	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusSucceeded, data, l.cfg.ttl.Microseconds())
+	return l.guarded(ctx, db, "Complete", l.cfg.q.leaseFinish, StatusSucceeded, data, l.cfg.ttl.Microseconds())
 }
 
 // Fail records a permanent failure: later Claims of the key return it as a
@@ -302,7 +320,7 @@ func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
 		return fmt.Errorf("%w: Fail needs an error", ErrInvalidOption)
 	}
 	l.finished.Store(true)
-	return l.guarded(ctx, db, l.cfg.q.leaseFinish, StatusFailed, failureMessage(&l.cfg, cause), l.cfg.ttl.Microseconds())
+	return l.guarded(ctx, db, "Fail", l.cfg.q.leaseFinish, StatusFailed, failureMessage(&l.cfg, cause), l.cfg.ttl.Microseconds())
 }
 
 // Release gives the key up without finishing: the lease ends now, so the
@@ -310,5 +328,5 @@ func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
 // It returns ErrLeaseLost if another worker took the key over already.
 func (l *Lease[T]) Release(ctx context.Context, db DBTX) error {
 	l.finished.Store(true)
-	return l.guarded(ctx, db, l.cfg.q.leaseRelease)
+	return l.guarded(ctx, db, "Release", l.cfg.q.leaseRelease)
 }

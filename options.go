@@ -32,7 +32,10 @@ type config struct {
 	retry         RetryPolicy
 	maxResult     int   // the largest encoded result recorded, in bytes
 	hooks         Hooks // nil: no events
-	err           error
+	// op names the entry point in events ("" for the function's own
+	// name); Do sets it for the WithIdempotency it runs.
+	op  string
+	err error
 }
 
 // WithTTL sets how long the record of a first execution is kept and replayed;

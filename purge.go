@@ -21,6 +21,9 @@ type PurgeOptions struct {
 	// InboxRetention, when positive, also purges inbox rows consumed longer
 	// ago than that (see PurgeInbox). Zero leaves the inbox alone.
 	InboxRetention time.Duration
+	// OnBatch, when set, is called after each batch of records with the
+	// number of rows it deleted (a progress report); it must not block.
+	OnBatch func(deleted int64)
 }
 
 // Purge deletes expired records (expires_at passed, by the database clock)
@@ -46,7 +49,13 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 		return 0, err
 	}
 	_, inTx := db.(pgx.Tx)
+	start := time.Now()
 	var total int64
+	defer func() {
+		if cfg.hooks != nil && total > 0 {
+			cfg.hooks.Event(ctx, Event{Kind: EventPurged, Op: "Purge", Rows: total, Duration: time.Since(start)})
+		}
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
@@ -56,6 +65,9 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 			return total, fmt.Errorf("idem: purging records: %w", err)
 		}
 		total += n
+		if po.OnBatch != nil {
+			po.OnBatch(n)
+		}
 		if n < int64(po.BatchSize) {
 			break
 		}

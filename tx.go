@@ -104,13 +104,23 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 			return zero, err
 		}
 	}
-	c := claimer{tx: tx, q: cfg.q, cfg: &cfg, key: key, savepoint: true}
+	start := time.Now()
+	res, err := withIdempotency(ctx, tx, key, fn, &cfg)
+	cfg.report(ctx, cmp.Or(cfg.op, "WithIdempotency"), key, start, res.Replayed, err)
+	return res, err
+}
+
+// withIdempotency is WithIdempotency after the checks, without the event.
+func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config) (Result[T], error) {
+	var zero Result[T]
+	c := claimer{tx: tx, q: cfg.q, cfg: cfg, key: key, savepoint: true}
 	rec, err := c.claim(ctx, nil)
 	if err != nil {
 		return zero, err
 	}
 	if !rec.claimed {
-		return replay[T](rec, &cfg)
+		return replay[T](rec, cfg)
 	}
 
 	g := newGuard(tx)
@@ -121,7 +131,7 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		_ = c.abandon(ctx, rec.attempt)
 		panic(panicked)
 	case fnErr == nil:
-		data, err := encodeResult(&cfg, v)
+		data, err := encodeResult(cfg, v)
 		if err != nil {
 			if cerr := c.abandon(ctx, rec.attempt); cerr != nil {
 				err = errors.Join(err, cerr)
@@ -146,7 +156,7 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn)
 		if err == nil {
 			b := &pgx.Batch{}
-			b.Queue(c.q.complete, key.Scope, key.ID, StatusFailed, failureMessage(&cfg, fnErr), rec.attempt)
+			b.Queue(c.q.complete, key.Scope, key.ID, StatusFailed, failureMessage(cfg, fnErr), rec.attempt)
 			b.Queue("RELEASE SAVEPOINT " + spFn)
 			err = tx.SendBatch(ctx, b).Close()
 		}
@@ -203,10 +213,12 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 			return zero, err
 		}
 	}
+	cfg.op = "Do"
+	start := time.Now()
 	var failure error // a Permanent error from an earlier attempt, to record
 	_, isTx := db.(pgx.Tx)
 	for attempt := 1; ; attempt++ {
-		res, err := doOnce(ctx, db, key, fn, &cfg, &failure)
+		res, err := doOnce(ctx, db, key, fn, &cfg, &failure, start)
 		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts || isTx {
 			// Inside an enclosing transaction (db is a pgx.Tx) a retry
 			// would meet the same snapshot: that transaction must retry.
@@ -218,8 +230,10 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	}
 }
 
+// doOnce makes one attempt. On a pool or a connection it reports the
+// attempt's event; otherwise the WithIdempotency it runs does.
 func doOnce[T any](ctx context.Context, db TxBeginner, key Key,
-	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error) (Result[T], error) {
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error, start time.Time) (Result[T], error) {
 	switch d := db.(type) {
 	case *pgxpool.Pool:
 		pc, err := d.Acquire(ctx)
@@ -227,9 +241,13 @@ func doOnce[T any](ctx context.Context, db TxBeginner, key Key,
 			return Result[T]{}, err
 		}
 		defer pc.Release()
-		return doOnConn(ctx, pc.Conn(), key, fn, cfg, failure)
+		res, err := doOnConn(ctx, pc.Conn(), key, fn, cfg, failure)
+		cfg.report(ctx, "Do", key, start, res.Replayed, err)
+		return res, err
 	case *pgx.Conn:
-		return doOnConn(ctx, d, key, fn, cfg, failure)
+		res, err := doOnConn(ctx, d, key, fn, cfg, failure)
+		cfg.report(ctx, "Do", key, start, res.Replayed, err)
+		return res, err
 	default:
 		return doOnTx(ctx, db, key, fn, cfg)
 	}
@@ -456,6 +474,9 @@ func (c *claimer) claim(ctx context.Context, begin *beginOn) (record, error) {
 			return rec, nil
 		}
 		taken, err := c.takeover(ctx, &rec)
+		if taken && err == nil {
+			c.cfg.emit(ctx, EventTakeover, cmp.Or(c.cfg.op, "WithIdempotency"), c.key, rec.attempt, time.Time{}, nil)
+		}
 		if err != nil || taken {
 			return rec, err
 		}

@@ -1,0 +1,585 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/migrations"
+)
+
+const usage = `idem operates the record table of github.com/idemkit/idem.
+
+Usage:
+  idem <command> [flags]
+
+Commands:
+  migrate up|down|version   apply, revert (needs --yes) or show idem's migrations
+  purge                     delete expired records; --dry-run only counts them
+  inspect --scope S --key K show one record
+  stuck                     list lease records whose lease ran out, oldest first
+  stats                     counts by status, the oldest record, table and index size
+
+Flags every command takes:
+  --database-url URL   where to connect; else DATABASE_URL, else the PG* variables
+  --schema NAME        the record table's schema (default: the search_path)
+  --table NAME         the record table (default idempotent_record)
+  --json               print JSON instead of text
+
+Run 'idem <command> --help' for a command's own flags.
+`
+
+// exit codes
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// env reads an environment variable (os.Getenv, or a test's).
+type env func(string) string
+
+// common holds the flags every command takes.
+type common struct {
+	url, schema, table string
+	json               bool
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.url, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL, then the PG* variables)")
+	fs.StringVar(&c.schema, "schema", "", "schema of the record table (default: the search_path)")
+	fs.StringVar(&c.table, "table", idem.DefaultTable, "name of the record table")
+	fs.BoolVar(&c.json, "json", false, "print JSON")
+}
+
+// options are the idem options naming the tables.
+func (c *common) options() []idem.Option {
+	return []idem.Option{idem.WithTable(c.schema, c.table), idem.WithInboxTable(c.schema, idem.DefaultInboxTable)}
+}
+
+func (c *common) connect(ctx context.Context, getenv env) (*pgxpool.Pool, error) {
+	if err := idem.ValidateTableName(c.schema, c.table); err != nil {
+		return nil, fmt.Errorf("--schema/--table: %w", err)
+	}
+	url := c.url
+	if url == "" {
+		url = getenv("DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("reading the connection settings: %w", err)
+	}
+	cfg.MaxConns = 2
+	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idem-cli"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		where := fmt.Sprintf("%s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+		return nil, fmt.Errorf("connecting to %s: %w\n(set --database-url, DATABASE_URL or the PG* variables)", where, err)
+	}
+	return pool, nil
+}
+
+// command is one subcommand.
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error
+}
+
+var commands = []command{
+	{"migrate", "apply, revert or show idem's migrations", runMigrate},
+	{"purge", "delete expired records", runPurge},
+	{"inspect", "show one record", runInspect},
+	{"stuck", "list lease records whose lease ran out", runStuck},
+	{"stats", "counts by status, oldest record, sizes", runStats},
+}
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func run(ctx context.Context, args []string, out, errOut io.Writer, getenv env) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(out, usage)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == args[0] })
+	if i < 0 {
+		fmt.Fprintf(errOut, "idem: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	err := commands[i].run(ctx, args[1:], out, errOut, getenv)
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(errOut, "idem %s: %v\nRun 'idem %s --help' for usage.\n", args[0], err, args[0])
+		return exitUsage
+	default:
+		fmt.Fprintf(errOut, "idem %s: %v\n", args[0], err)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == undefinedTable && args[0] != "migrate" {
+			fmt.Fprintf(errOut, "The record table is missing: run 'idem migrate up%s' first, or name the table with --schema and --table.\n",
+				tableFlags(args[1:]))
+		}
+		return exitError
+	}
+}
+
+// undefinedTable is SQLSTATE 42P01.
+const undefinedTable = "42P01"
+
+// tableFlags repeats the --schema and --table flags of args, for a hint.
+func tableFlags(args []string) string {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var c common
+	c.register(fs)
+	for len(args) > 0 {
+		if fs.Parse(args) != nil || len(fs.Args()) == 0 {
+			break
+		}
+		args = fs.Args()[1:]
+	}
+	var b strings.Builder
+	if c.schema != "" {
+		fmt.Fprintf(&b, " --schema %s", c.schema)
+	}
+	if c.table != idem.DefaultTable {
+		fmt.Fprintf(&b, " --table %s", c.table)
+	}
+	return b.String()
+}
+
+// parse parses a command's flags; usage text goes to errOut. Positional
+// arguments are returned; flags may come before or after them.
+func parse(fs *flag.FlagSet, args []string, errOut io.Writer, synopsis string) ([]string, error) {
+	fs.SetOutput(errOut)
+	fs.Usage = func() {
+		fmt.Fprintf(errOut, "Usage:\n  %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{err.Error()}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+func printJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func runMigrate(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	var c common
+	c.register(fs)
+	yes := fs.Bool("yes", false, "confirm 'migrate down', which drops the record and inbox tables")
+	pos, err := parse(fs, args, errOut, "idem migrate up|down|version [flags]")
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || !slices.Contains([]string{"up", "down", "version"}, pos[0]) {
+		return usageError{"want one of: up, down, version"}
+	}
+	if pos[0] == "down" && !*yes {
+		return usageError{"'migrate down' drops the record and inbox tables with every record in them; add --yes to confirm"}
+	}
+	pool, err := c.connect(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	opts := []migrations.Option{migrations.WithTable(c.schema, c.table)}
+	switch pos[0] {
+	case "up":
+		err = migrations.Up(ctx, pool, opts...)
+	case "down":
+		err = migrations.Down(ctx, pool, opts...)
+	}
+	if err != nil {
+		return err
+	}
+	version, dirty, err := migrations.Version(ctx, pool, opts...)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return printJSON(out, map[string]any{"action": pos[0], "version": version, "dirty": dirty})
+	}
+	switch {
+	case dirty:
+		fmt.Fprintf(out, "version %d, dirty: a migration failed halfway; fix the schema by hand, then force the version with golang-migrate\n", version)
+	case pos[0] == "version":
+		fmt.Fprintf(out, "version %d\n", version)
+	default:
+		fmt.Fprintf(out, "migrated %s: now at version %d\n", pos[0], version)
+	}
+	return nil
+}
+
+func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+	fs := flag.NewFlagSet("purge", flag.ContinueOnError)
+	var c common
+	c.register(fs)
+	dryRun := fs.Bool("dry-run", false, "count the records a purge would delete, delete nothing")
+	batch := fs.Int("batch-size", 10_000, "rows deleted per statement")
+	inbox := fs.Duration("inbox-retention", 0, "also delete inbox rows consumed longer ago than this (e.g. 168h); 0 leaves the inbox alone")
+	progress := fs.String("progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), always or never")
+	pos, err := parse(fs, args, errOut, "idem purge [--dry-run] [flags]")
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
+	}
+	if *batch <= 0 || *inbox < 0 {
+		return usageError{"--batch-size must be positive and --inbox-retention not negative"}
+	}
+	if !slices.Contains([]string{"auto", "always", "never"}, *progress) {
+		return usageError{"--progress must be auto, always or never"}
+	}
+	pool, err := c.connect(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := idem.TableStats(ctx, pool, c.options()...)
+	if err != nil {
+		return err
+	}
+	if *dryRun {
+		if c.json {
+			return printJSON(out, map[string]any{"dry_run": true, "expired": st.Expired})
+		}
+		fmt.Fprintf(out, "%d expired records would be deleted (of %d); nothing was deleted\n", st.Expired, total(st))
+		return nil
+	}
+	bar := newProgress(errOut, st.Expired, *progress == "always" || (*progress == "auto" && isTerminal(errOut)))
+	start := time.Now()
+	deleted, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: *batch, InboxRetention: *inbox, OnBatch: bar.add}, c.options()...)
+	bar.done()
+	elapsed := time.Since(start)
+	if err != nil {
+		return fmt.Errorf("%w (%d rows deleted before it)", err, deleted)
+	}
+	if c.json {
+		return printJSON(out, map[string]any{"deleted": deleted, "seconds": elapsed.Seconds()})
+	}
+	fmt.Fprintf(out, "deleted %d rows in %s (%.0f rows/s)\n", deleted, elapsed.Round(time.Millisecond), float64(deleted)/max(elapsed.Seconds(), 1e-9))
+	return nil
+}
+
+func total(st *idem.Stats) int64 {
+	var n int64
+	for _, v := range st.Statuses {
+		n += v
+	}
+	return n
+}
+
+func runInspect(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	var c common
+	c.register(fs)
+	scope := fs.String("scope", "", "the key's scope (required)")
+	key := fs.String("key", "", "the key (required)")
+	pos, err := parse(fs, args, errOut, "idem inspect --scope S --key K [flags]")
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
+	}
+	if *scope == "" || *key == "" {
+		return usageError{"--scope and --key are required"}
+	}
+	pool, err := c.connect(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r, err := idem.Lookup(ctx, pool, *scope, *key, c.options()...)
+	if errors.Is(err, idem.ErrNotFound) {
+		return fmt.Errorf("no record for scope %q, key %q (never claimed, purged, or its claim not committed yet)", *scope, *key)
+	}
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return printJSON(out, jsonRecord(r))
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	now := time.Now()
+	fmt.Fprintf(tw, "scope\t%s\n", r.Scope)
+	fmt.Fprintf(tw, "key\t%s\n", r.ID)
+	fmt.Fprintf(tw, "status\t%s\n", r.Status)
+	fmt.Fprintf(tw, "attempt\t%d\n", r.Attempt)
+	fmt.Fprintf(tw, "created\t%s\n", when(r.CreatedAt, now))
+	fmt.Fprintf(tw, "updated\t%s\n", when(r.UpdatedAt, now))
+	fmt.Fprintf(tw, "expires\t%s\n", when(r.ExpiresAt, now))
+	if r.LockedUntil != nil {
+		fmt.Fprintf(tw, "lease until\t%s\n", when(*r.LockedUntil, now))
+	}
+	if r.RecoveryPoint != "" {
+		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
+	}
+	if len(r.Fingerprint) > 0 {
+		fmt.Fprintf(tw, "fingerprint\t%x\n", r.Fingerprint)
+	}
+	fmt.Fprintf(tw, "response\t%s\n", describe(r.Response))
+	return tw.Flush()
+}
+
+// when prints t with how far it is from now.
+func when(t, now time.Time) string {
+	d := t.Sub(now).Round(time.Second)
+	switch {
+	case d > 0:
+		return fmt.Sprintf("%s (in %s)", t.Format(time.RFC3339), d)
+	case d < 0:
+		return fmt.Sprintf("%s (%s ago)", t.Format(time.RFC3339), -d)
+	default:
+		return t.Format(time.RFC3339) + " (now)"
+	}
+}
+
+// describe renders a stored response: JSON as it is, other bytes as a
+// length and a hex prefix.
+func describe(b []byte) string {
+	switch {
+	case b == nil:
+		return "(none)"
+	case json.Valid(b) && len(b) <= 4096:
+		return string(b)
+	default:
+		const show = 64
+		s := fmt.Sprintf("%d bytes: %s", len(b), hex.EncodeToString(b[:min(len(b), show)]))
+		if len(b) > show {
+			s += "..."
+		}
+		return s
+	}
+}
+
+type recordJSON struct {
+	Scope         string     `json:"scope"`
+	Key           string     `json:"key"`
+	Status        string     `json:"status"`
+	Attempt       int32      `json:"attempt"`
+	Fingerprint   string     `json:"fingerprint,omitempty"`
+	Response      any        `json:"response,omitempty"`
+	LockedUntil   *time.Time `json:"locked_until,omitempty"`
+	RecoveryPoint string     `json:"recovery_point,omitempty"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	ExpiresAt     time.Time  `json:"expires_at"`
+}
+
+// jsonRecord is r for --json: a JSON response is embedded as JSON, other
+// bytes as base64.
+func jsonRecord(r *idem.Record) recordJSON {
+	j := recordJSON{Scope: r.Scope, Key: r.ID, Status: r.Status, Attempt: r.Attempt, LockedUntil: r.LockedUntil,
+		RecoveryPoint: r.RecoveryPoint, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiresAt: r.ExpiresAt}
+	if len(r.Fingerprint) > 0 {
+		j.Fingerprint = hex.EncodeToString(r.Fingerprint)
+	}
+	if json.Valid(r.Response) {
+		j.Response = json.RawMessage(r.Response)
+	} else if r.Response != nil {
+		j.Response = r.Response // []byte marshals as base64
+	}
+	return j
+}
+
+func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+	fs := flag.NewFlagSet("stuck", flag.ContinueOnError)
+	var c common
+	c.register(fs)
+	limit := fs.Int("limit", 100, "list at most this many records")
+	pos, err := parse(fs, args, errOut, "idem stuck [--limit N] [flags]")
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
+	}
+	if *limit <= 0 {
+		return usageError{"--limit must be positive"}
+	}
+	pool, err := c.connect(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	recs, err := idem.Stuck(ctx, pool, *limit, c.options()...)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		list := make([]recordJSON, 0, len(recs))
+		for i := range recs {
+			list = append(list, jsonRecord(&recs[i]))
+		}
+		return printJSON(out, list)
+	}
+	if len(recs) == 0 {
+		fmt.Fprintln(out, "no stuck leases")
+		return nil
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCOPE\tKEY\tATTEMPT\tLEASE ENDED\tRECOVERY POINT\tCREATED")
+	for _, r := range recs {
+		point := r.RecoveryPoint
+		if point == "" {
+			point = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s ago\t%s\t%s\n", r.Scope, r.ID, r.Attempt,
+			now.Sub(*r.LockedUntil).Round(time.Second), point, r.CreatedAt.Format(time.RFC3339))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%d stuck leases (the next Claim of each key takes it over)\n", len(recs))
+	return nil
+}
+
+func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
+	var c common
+	c.register(fs)
+	pos, err := parse(fs, args, errOut, "idem stats [flags]")
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
+	}
+	pool, err := c.connect(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := idem.TableStats(ctx, pool, c.options()...)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return printJSON(out, map[string]any{
+			"records": total(st), "by_status": st.Statuses, "expired": st.Expired, "stuck_leases": st.StuckLeases,
+			"oldest": st.Oldest, "table_bytes": st.TableBytes, "index_bytes": st.IndexBytes,
+		})
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "records\t%d\n", total(st))
+	for _, s := range []string{idem.StatusProcessing, idem.StatusSucceeded, idem.StatusFailed, idem.StatusIssued} {
+		fmt.Fprintf(tw, "  %s\t%d\n", s, st.Statuses[s])
+	}
+	fmt.Fprintf(tw, "expired (purgeable)\t%d\n", st.Expired)
+	fmt.Fprintf(tw, "stuck leases\t%d\n", st.StuckLeases)
+	if st.Oldest != nil {
+		fmt.Fprintf(tw, "oldest record\t%s\n", when(*st.Oldest, time.Now()))
+	} else {
+		fmt.Fprintf(tw, "oldest record\t-\n")
+	}
+	fmt.Fprintf(tw, "table size\t%s\n", bytesText(st.TableBytes))
+	fmt.Fprintf(tw, "index size\t%s\n", bytesText(st.IndexBytes))
+	return tw.Flush()
+}
+
+func bytesText(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// progress draws a bar for a purge of about total rows.
+type progress struct {
+	w       io.Writer
+	on      bool
+	total   int64
+	deleted int64
+	start   time.Time
+}
+
+func newProgress(w io.Writer, total int64, on bool) *progress {
+	return &progress{w: w, on: on, total: total, start: time.Now()}
+}
+
+func (p *progress) add(n int64) {
+	p.deleted += n
+	if !p.on {
+		return
+	}
+	const width = 30
+	frac := 1.0
+	if p.total > 0 {
+		frac = min(1, float64(p.deleted)/float64(p.total))
+	}
+	filled := int(frac * width)
+	rate := float64(p.deleted) / max(time.Since(p.start).Seconds(), 1e-9)
+	fmt.Fprintf(p.w, "\r[%s%s] %3.0f%%  %d/%d rows  %.0f rows/s ", strings.Repeat("#", filled), strings.Repeat("-", width-filled),
+		frac*100, p.deleted, p.total, rate)
+}
+
+func (p *progress) done() {
+	if p.on {
+		fmt.Fprintln(p.w)
+	}
+}

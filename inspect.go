@@ -1,0 +1,149 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Record is a record row as operators see it: what Lookup and Stuck return.
+type Record struct {
+	// Scope and ID name the key.
+	Scope, ID string
+	// Status is StatusProcessing, StatusSucceeded, StatusFailed or
+	// StatusIssued.
+	Status string
+	// Attempt is the fencing token of lease mode: 1 for the first holder,
+	// incremented by every takeover. Tokens not yet used have 0.
+	Attempt int32
+	// Fingerprint is the request digest the key was first used with (nil
+	// when none was given).
+	Fingerprint []byte
+	// Response is the encoded result (or, for StatusFailed, the recorded
+	// error message; for a lease still processing, its checkpoint data).
+	Response []byte
+	// LockedUntil is the end of a lease-mode record's lease, or nil.
+	LockedUntil *time.Time
+	// RecoveryPoint is the last checkpoint of a lease, or "".
+	RecoveryPoint string
+	// CreatedAt, UpdatedAt and ExpiresAt are by the database clock. After
+	// ExpiresAt the key counts as unused and Purge may delete the record.
+	CreatedAt, UpdatedAt, ExpiresAt time.Time
+}
+
+// Stats describes a record table: what the idem CLI's stats command shows.
+type Stats struct {
+	// Statuses counts the records by status.
+	Statuses map[string]int64
+	// Expired counts the records Purge would delete now.
+	Expired int64
+	// StuckLeases counts lease-mode records still processing whose lease
+	// ran out (see Stuck).
+	StuckLeases int64
+	// Oldest is the creation time of the oldest record, or nil when the
+	// table is empty.
+	Oldest *time.Time
+	// TableBytes and IndexBytes are the on-disk sizes of the table (with
+	// its TOAST data) and of its indexes.
+	TableBytes, IndexBytes int64
+}
+
+const inspectColumns = `scope, key, status, attempt, fingerprint, response, locked_until,
+	coalesce(recovery_point, ''), created_at, updated_at, expires_at`
+
+func scanRecord(row pgx.Row) (*Record, error) {
+	var r Record
+	err := row.Scan(&r.Scope, &r.ID, &r.Status, &r.Attempt, &r.Fingerprint, &r.Response, &r.LockedUntil,
+		&r.RecoveryPoint, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt)
+	return &r, err
+}
+
+// Lookup returns the record of a key, expired or not, or ErrNotFound. An
+// uncommitted claim is invisible to it. scope and id are validated like a
+// Key's (ErrInvalidKey). WithTable names the table.
+func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...Option) (*Record, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: Lookup needs a database", ErrInvalidOption)
+	}
+	if err := (Key{Scope: scope, ID: id}).Validate(); err != nil {
+		return nil, err
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	r, err := scanRecord(db.QueryRow(ctx, `SELECT `+inspectColumns+` FROM `+cfg.q.table+` WHERE scope = $1 AND key = $2`, scope, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idem: looking up a record: %w", err)
+	}
+	return r, nil
+}
+
+// Stuck lists lease-mode records still processing whose lease ran out, the
+// longest-expired first, at most limit of them (limit must be positive).
+// Such a key is taken over by the next Claim of the same request; until
+// then its work is neither finished nor abandoned. WithTable names the
+// table.
+func Stuck(ctx context.Context, db DBTX, limit int, opts ...Option) ([]Record, error) {
+	if db == nil || limit <= 0 {
+		return nil, fmt.Errorf("%w: Stuck needs a database and a positive limit", ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `SELECT `+inspectColumns+` FROM `+cfg.q.table+`
+	WHERE status = 'processing' AND locked_until <= clock_timestamp()
+	ORDER BY locked_until LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idem: listing stuck leases: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
+		r, err := scanRecord(row)
+		return *r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idem: listing stuck leases: %w", err)
+	}
+	return out, nil
+}
+
+// TableStats counts a record table's rows by status and reports its oldest
+// record and its size. It reads the whole table (a sequential scan): on a
+// large table, run it from a replica or off-peak. WithTable names the table.
+func TableStats(ctx context.Context, db DBTX, opts ...Option) (*Stats, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: TableStats needs a database", ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	t := cfg.q.table
+	st := &Stats{Statuses: map[string]int64{}}
+	rows, err := db.Query(ctx, `SELECT status, count(*) FROM `+t+` GROUP BY status`)
+	if err != nil {
+		return nil, fmt.Errorf("idem: counting records: %w", err)
+	}
+	var status string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Statuses[status] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("idem: counting records: %w", err)
+	}
+	err = db.QueryRow(ctx, `SELECT
+	count(*) FILTER (WHERE expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)),
+	count(*) FILTER (WHERE status = 'processing' AND locked_until <= clock_timestamp()),
+	min(created_at),
+	pg_table_size($1::regclass), pg_indexes_size($1::regclass)
+	FROM `+t, t).Scan(&st.Expired, &st.StuckLeases, &st.Oldest, &st.TableBytes, &st.IndexBytes)
+	if err != nil {
+		return nil, fmt.Errorf("idem: reading table statistics: %w", err)
+	}
+	return st, nil
+}
