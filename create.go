@@ -11,7 +11,9 @@ import (
 
 // Query is one SQL statement with its arguments.
 type Query struct {
-	SQL  string
+	// SQL is the statement; values go in as $1, $2, ... placeholders.
+	SQL string
+	// Args are the values of the placeholders, in order.
 	Args []any
 }
 

@@ -95,6 +95,7 @@ func (e *PermanentError) Unwrap() error { return e.Err }
 // RecordedError is the business error of a replayed permanent failure: the
 // original error value is gone, its message is what was recorded.
 type RecordedError struct {
+	// Message is the recorded error's text (Error() of the original).
 	Message string
 }
 
