@@ -4,6 +4,13 @@
 // PostgreSQL container is started with testcontainers-go (Docker needed) and
 // removed when the tests end. When neither works, the tests fail with a
 // message saying how to provide a database; they never skip.
+//
+// With IDEM_TEST_PGBOUNCER set (see BouncerEnv), Main also starts PgBouncer
+// in transaction pooling mode on a free loopback port, and Pool and Conn
+// connect through it with the pgx execution mode that works there
+// (BouncerExecMode). Migrations, which take a session advisory lock, run on
+// a direct connection; a test that cannot work through a transaction pooler
+// says why with SkipViaPgBouncer. If PgBouncer cannot start, the tests fail.
 package pgtest
 
 import (
@@ -12,6 +19,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,18 +31,50 @@ import (
 	"github.com/idemkit/idem/migrations"
 )
 
-var databaseURL string
+var (
+	// databaseURL is the database itself; clientURL is what Pool and Conn
+	// connect to: databaseURL, or PgBouncer in front of it.
+	databaseURL, clientURL string
+	bouncerRun             *bouncer
 
-// Main resolves the database, runs the tests and cleans up. Call it from
-// TestMain.
+	directOnce sync.Once
+	direct     *pgxpool.Pool
+	directErr  error
+)
+
+// Main resolves the database, starts PgBouncer when BouncerEnv asks for it,
+// runs the tests and cleans up. Call it from TestMain.
 func Main(m *testing.M) {
 	url, cleanup, err := resolve()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest:", err)
 		os.Exit(1)
 	}
-	databaseURL = url
+	databaseURL, clientURL = url, url
+	bin, err := bouncerBinary()
+	if err == nil && bin != "" {
+		bouncerRun, err = startBouncer(bin, url)
+		if err == nil {
+			clientURL = bouncerRun.url(bouncerRun.database)
+			fmt.Fprintf(os.Stderr, "pgtest: through %s (transaction pooling, pgx exec mode %q) on 127.0.0.1:%d\n",
+				bouncerVersion(bin), BouncerExecMode, bouncerRun.port)
+		}
+	}
+	if err != nil {
+		cleanup()
+		fmt.Fprintln(os.Stderr, "pgtest: PgBouncer:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	if direct != nil {
+		direct.Close()
+	}
+	if bouncerRun != nil {
+		if code != 0 {
+			fmt.Fprintf(os.Stderr, "pgtest: PgBouncer's log:\n%s\n", bouncerRun.log.String())
+		}
+		bouncerRun.stop()
+	}
 	cleanup()
 	os.Exit(code)
 }
@@ -66,14 +106,66 @@ or make Docker available so that testcontainers-go can start one.
 	return url, func() { _ = c.Terminate(context.Background()) }, nil
 }
 
-// URL is the test database's connection string.
+// URL is the test database's own connection string, never PgBouncer's: a
+// test that builds its own connections from it (a fault-injecting proxy,
+// say) talks to PostgreSQL directly.
 func URL() string { return databaseURL }
 
-// Pool opens a pool closed at the end of the test. configure may adjust the
-// configuration.
+// ClientURL is the connection string Pool and Conn use: PgBouncer's, with
+// pgx's default_query_exec_mode set to BouncerExecMode, when the tests run
+// through it, otherwise URL.
+func ClientURL() string { return clientURL }
+
+// ViaPgBouncer reports whether Pool and Conn go through PgBouncer in
+// transaction pooling mode.
+func ViaPgBouncer() bool { return bouncerRun != nil }
+
+// SkipViaPgBouncer skips the test when it runs through PgBouncer, giving
+// the reason, which must be one inherent to transaction pooling (a test of
+// session state, of a backend's identity, of session advisory locks).
+func SkipViaPgBouncer(t testing.TB, reason string) {
+	t.Helper()
+	if ViaPgBouncer() {
+		t.Skipf("skipped through PgBouncer in transaction pooling mode: %s", reason)
+	}
+}
+
+// SingleServerURL is the connection string of the test database behind
+// PgBouncer through a pool of one server connection (SingleServerDatabase).
+// It is empty when the tests do not run through PgBouncer.
+func SingleServerURL() string {
+	if bouncerRun == nil {
+		return ""
+	}
+	return bouncerRun.url(SingleServerDatabase)
+}
+
+// Direct is a pool of direct connections to the database, bypassing
+// PgBouncer, shared by the tests and closed by Main: for what needs a
+// session of its own, such as migrations (golang-migrate holds a session
+// advisory lock while it migrates).
+func Direct(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	directOnce.Do(func() {
+		cfg, err := pgxpool.ParseConfig(databaseURL)
+		if err != nil {
+			directErr = fmt.Errorf("parsing TEST_DATABASE_URL: %w", err)
+			return
+		}
+		cfg.MaxConns = 4
+		direct, directErr = pgxpool.NewWithConfig(context.Background(), cfg)
+	})
+	if directErr != nil {
+		t.Fatalf("connecting directly: %v", directErr)
+	}
+	return direct
+}
+
+// Pool opens a pool closed at the end of the test, through PgBouncer when
+// the tests run through it. configure may adjust the configuration.
 func Pool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := pgxpool.ParseConfig(clientURL)
 	if err != nil {
 		t.Fatalf("parsing TEST_DATABASE_URL: %v", err)
 	}
@@ -88,10 +180,11 @@ func Pool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	return pool
 }
 
-// Conn opens a single connection closed at the end of the test.
+// Conn opens a single connection closed at the end of the test, through
+// PgBouncer when the tests run through it.
 func Conn(t testing.TB, configure ...func(*pgx.ConnConfig)) *pgx.Conn {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(databaseURL)
+	cfg, err := pgx.ParseConfig(clientURL)
 	if err != nil {
 		t.Fatalf("parsing TEST_DATABASE_URL: %v", err)
 	}
@@ -121,14 +214,19 @@ type Schema struct {
 }
 
 // NewSchema creates a schema for the test, migrates idem's table into it, and
-// drops it when the test ends.
+// drops it when the test ends. The migration runs on a direct connection
+// when pool goes through PgBouncer; the rest through pool.
 func NewSchema(t testing.TB, pool *pgxpool.Pool) *Schema {
 	t.Helper()
 	ctx := context.Background()
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	name := "idem_test_" + hex.EncodeToString(b)
-	if err := migrations.Up(ctx, pool, migrations.WithTable(name, idem.DefaultTable)); err != nil {
+	migrateOn := pool
+	if ViaPgBouncer() {
+		migrateOn = Direct(t)
+	}
+	if err := migrations.Up(ctx, migrateOn, migrations.WithTable(name, idem.DefaultTable)); err != nil {
 		t.Fatalf("migrating: %v", err)
 	}
 	s := &Schema{
