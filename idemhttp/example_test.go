@@ -1,0 +1,118 @@
+package idemhttp_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/migrations"
+)
+
+// ExampleMiddleware needs a database: TEST_DATABASE_URL.
+func TestMain(m *testing.M) {
+	if os.Getenv("TEST_DATABASE_URL") == "" {
+		fmt.Fprintln(os.Stderr, `TEST_DATABASE_URL is not set. The examples of this package run against PostgreSQL:
+    TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go test ./...`)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// The handler runs in the request's transaction and its answer is recorded
+// with it: the same Idempotency-Key gets the same answer, marked replayed.
+func ExampleMiddleware() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("TEST_DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	schema := "idemhttp_example"
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
+		panic(err)
+	}
+	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.signups (id int GENERATED ALWAYS AS IDENTITY, name text)`); err != nil {
+		panic(err)
+	}
+
+	mw, err := idemhttp.Middleware(pool, idemhttp.Config{
+		Scope:   func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }, // the authenticated user
+		Options: []idem.Option{idem.WithTable(schema, idem.DefaultTable)},
+	})
+	if err != nil {
+		panic(err)
+	}
+	signup := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var id int
+		name, _ := io.ReadAll(r.Body)
+		err := idemhttp.Tx(r.Context()).QueryRow(r.Context(),
+			`INSERT INTO `+schema+`.signups (name) VALUES ($1) RETURNING id`, string(name)).Scan(&id)
+		if err != nil {
+			http.Error(w, "database", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "sign-up %d", id)
+	})
+	srv := httptest.NewServer(mw(signup))
+	defer srv.Close()
+
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("ada"))
+		req.Header.Set("X-User", "42")
+		req.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get(idemhttp.ReplayedHeader) == "true")
+	}
+	_, _ = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	// Output:
+	// 201 sign-up 1 replayed: false
+	// 201 sign-up 1 replayed: true
+}
+
+// The client Transport adds one key to a POST and retries it with the same
+// key: a lost answer or a 503 costs the server nothing but a replay.
+func ExampleTransport() {
+	var tries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tries.Add(1) == 1 {
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "created")
+	}))
+	defer srv.Close()
+
+	client := &http.Client{Transport: &idemhttp.Transport{
+		NewKey: func() string { return "key-1" }, // random by default
+	}}
+	resp, err := client.Post(srv.URL, "text/plain", strings.NewReader("order"))
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body), "tries:", tries.Load(), "key:", idemhttp.KeyOf(resp))
+	// Output:
+	// 201 created tries: 2 key: key-1
+}
