@@ -231,3 +231,21 @@ func TestHelpfulErrors(t *testing.T) {
 	require.Equal(t, exitOK, code)
 	require.Contains(t, errOut, "-database-url")
 }
+
+// Without --database-url and DATABASE_URL, the PG* variables are used.
+func TestConnectsWithPGVariables(t *testing.T) {
+	cfg, err := pgx.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	t.Setenv("PGHOST", cfg.Host)
+	t.Setenv("PGPORT", fmt.Sprint(cfg.Port))
+	t.Setenv("PGUSER", cfg.User)
+	t.Setenv("PGPASSWORD", cfg.Password)
+	t.Setenv("PGDATABASE", cfg.Database)
+	t.Setenv("PGSSLMODE", "disable")
+	pool := testPool(t)
+	s := schema(t, pool)
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"migrate", "up", "--schema", s}, &out, &errOut, func(string) string { return "" })
+	require.Equal(t, exitOK, code, errOut.String())
+	require.Contains(t, out.String(), "now at version 2")
+}
