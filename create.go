@@ -120,11 +120,17 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 }
 
 // UniqueViolation reports whether err is a unique violation (SQLSTATE
-// 23505), and the name of the constraint or index that was violated.
+// 23505), and the name of the constraint or index that was violated. The
+// SQLSTATE is recognised from any driver whose error has a SQLState method
+// (lib/pq through database/sql); the name only from pgx's *pgconn.PgError,
+// and it is "" otherwise.
 func UniqueViolation(err error) (constraint string, ok bool) {
+	if pgCode(err) != sqlstateUniqueViolation {
+		return "", false
+	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == sqlstateUniqueViolation {
+	if errors.As(err, &pgErr) {
 		return pgErr.ConstraintName, true
 	}
-	return "", false
+	return "", true
 }

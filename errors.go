@@ -3,8 +3,6 @@ package idem
 import (
 	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors. Match them with errors.Is; the errors idem returns wrap them
@@ -118,7 +116,9 @@ const (
 )
 
 // IsRetryable reports whether err is a serialization failure (SQLSTATE 40001)
-// or a detected deadlock (40P01). Both abort the transaction; the remedy is to
+// or a detected deadlock (40P01), from pgx (*pgconn.PgError) or from any
+// driver whose error has a SQLState method, such as lib/pq's *pq.Error
+// through database/sql. Both abort the transaction; the remedy is to
 // run the whole transaction again, which Do does on its own. Under REPEATABLE
 // READ or SERIALIZABLE, WithIdempotency returns such errors unchanged when a
 // concurrent transaction with the same key commits first.
@@ -127,10 +127,13 @@ func IsRetryable(err error) bool {
 	return code == sqlstateSerializationFailure || code == sqlstateDeadlockDetected
 }
 
+// pgCode returns err's SQLSTATE, or "" when err carries none. It accepts any
+// error with a SQLState method: pgx's *pgconn.PgError and, through
+// database/sql (see idemsql), lib/pq's *pq.Error.
 func pgCode(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		return e.SQLState()
 	}
 	return ""
 }

@@ -113,6 +113,16 @@ func (g *guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 
 func (g *guardTx) Conn() *pgx.Conn { return g.tx.Conn() }
 
+// Unwrap returns the transaction (or savepoint) the guard forwards to, or
+// nil once fn has returned. It lets an adapter find its own transaction
+// type behind the guard: idemsql.SQLTx uses it to hand fn the *sql.Tx.
+func (g *guardTx) Unwrap() pgx.Tx {
+	if *g.closed {
+		return nil
+	}
+	return g.tx
+}
+
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }

@@ -376,10 +376,11 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 // request that never left (a context done beforehand), means nothing
 // committed; any other failure leaves the outcome unknown. "conn closed" is
 // unknown too: it is what the rest of a batch reports once a read failure
-// closed the connection mid-batch.
+// closed the connection mid-batch. A server error is recognised by its
+// SQLSTATE from any driver (pgCode); through database/sql, driver.ErrBadConn
+// and network errors are unknown like pgx's.
 func commitError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) ||
+	if pgCode(err) != "" || errors.Is(err, pgx.ErrTxCommitRollback) ||
 		(pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)) {
 		return fmt.Errorf("idem: commit: %w", err)
 	}

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/idemkit/idem v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/lib/pq v1.12.3
 	github.com/stretchr/testify v1.12.1
 	github.com/testcontainers/testcontainers-go/modules/postgres v0.45.0
 )

@@ -1,0 +1,689 @@
+package integration_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	_ "github.com/lib/pq"              // database/sql driver "postgres"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemsql"
+	"github.com/idemkit/idem/integration/internal/cutproxy"
+	"github.com/idemkit/idem/integration/internal/pgtest"
+)
+
+// The same scenarios run for three drivers: pgx itself (*pgxpool.Pool,
+// pgx.Tx), and database/sql through idemsql with pgx's stdlib driver and
+// with lib/pq.
+
+// sqlDB is what the scenarios need of a database: a pool or idemsql.DB.
+type sqlDB interface {
+	idem.TxBeginner
+	idem.DBTX
+}
+
+// sqlDriver opens one driver's database.
+type sqlDriver struct {
+	name string
+	// open connects to databaseURL with at most maxConns connections,
+	// closed when the test ends. It returns the database and a way to
+	// begin a caller-owned transaction as a pgx.Tx.
+	open func(t *testing.T, databaseURL string, maxConns int) (sqlDB, func(context.Context, pgx.TxIsoLevel) (pgx.Tx, error))
+	// viaSQL: fn's effects are written through idemsql.SQLTx.
+	viaSQL bool
+}
+
+var sqlDrivers = []sqlDriver{
+	{name: "pgx", open: openPgx},
+	{name: "stdlib", open: openSQL("pgx"), viaSQL: true},
+	{name: "libpq", open: openSQL("postgres"), viaSQL: true},
+}
+
+func openPgx(t *testing.T, databaseURL string, maxConns int) (sqlDB, func(context.Context, pgx.TxIsoLevel) (pgx.Tx, error)) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	cfg.MaxConns = int32(maxConns)
+	if databaseURL != pgtest.ClientURL() {
+		// A proxy that looks for COMMIT needs the statement's text with
+		// every execution.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, func(ctx context.Context, iso pgx.TxIsoLevel) (pgx.Tx, error) {
+		return pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+	}
+}
+
+func openSQL(driverName string) func(*testing.T, string, int) (sqlDB, func(context.Context, pgx.TxIsoLevel) (pgx.Tx, error)) {
+	return func(t *testing.T, databaseURL string, maxConns int) (sqlDB, func(context.Context, pgx.TxIsoLevel) (pgx.Tx, error)) {
+		if driverName == "postgres" {
+			// lib/pq would send pgx's own parameter to the server.
+			u, err := url.Parse(databaseURL)
+			require.NoError(t, err)
+			q := u.Query()
+			q.Del("default_query_exec_mode")
+			if pgtest.ViaPgBouncer() && databaseURL == pgtest.ClientURL() {
+				// Outside a transaction lib/pq prepares and executes a
+				// statement with arguments in two round trips, which
+				// transaction pooling may send to two servers; with
+				// binary_parameters it sends them in one.
+				q.Set("binary_parameters", "yes")
+			}
+			u.RawQuery = q.Encode()
+			databaseURL = u.String()
+		}
+		db, err := sql.Open(driverName, databaseURL)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(maxConns)
+		t.Cleanup(func() { _ = db.Close() })
+		begin := func(ctx context.Context, iso pgx.TxIsoLevel) (pgx.Tx, error) {
+			level := map[pgx.TxIsoLevel]sql.IsolationLevel{
+				"": sql.LevelDefault, pgx.ReadCommitted: sql.LevelReadCommitted,
+				pgx.RepeatableRead: sql.LevelRepeatableRead, pgx.Serializable: sql.LevelSerializable,
+			}[iso]
+			stx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+			if err != nil {
+				return nil, err
+			}
+			return idemsql.WrapTx(stx), nil
+		}
+		return idemsql.Wrap(db), begin
+	}
+}
+
+// sqlEnv is one scenario's view of one driver.
+type sqlEnv struct {
+	driver sqlDriver
+	pool   *pgxpool.Pool // pgx, for setup and for counting
+	s      *pgtest.Schema
+	db     sqlDB
+	begin  func(context.Context, pgx.TxIsoLevel) (pgx.Tx, error)
+}
+
+// inTx runs f in a caller-owned transaction and commits.
+func (e *sqlEnv) inTx(t *testing.T, f func(tx pgx.Tx) error) error {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.begin(ctx, "")
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if err := f(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// effect writes one effect row in tx: through the *sql.Tx behind tx for the
+// database/sql drivers (so that fn's own database/sql code is exercised),
+// with pgx otherwise.
+func (e *sqlEnv) effect(ctx context.Context, tx pgx.Tx, key idem.Key, value string) error {
+	if !e.driver.viaSQL {
+		return e.s.AddEffect(ctx, tx, key, value)
+	}
+	stx, ok := idemsql.SQLTx(tx)
+	if !ok {
+		return fmt.Errorf("idemsql.SQLTx found no *sql.Tx behind %T", tx)
+	}
+	_, err := stx.ExecContext(ctx, `INSERT INTO `+e.s.Effects+` (scope, key, value) VALUES ($1, $2, $3)`, key.Scope, key.ID, value)
+	return err
+}
+
+func sqlKey(t *testing.T) idem.Key {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return idem.Key{Scope: "sqldriver", ID: hex.EncodeToString(b)}
+}
+
+type sqlScenario struct {
+	name     string
+	maxConns int // 0: 4
+	run      func(t *testing.T, e *sqlEnv)
+}
+
+func TestSQLDriver(t *testing.T) {
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			for _, sc := range sqlScenarios {
+				t.Run(sc.name, func(t *testing.T) {
+					conns := sc.maxConns
+					if conns == 0 {
+						conns = 4
+					}
+					pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
+					db, begin := d.open(t, pgtest.ClientURL(), conns)
+					sc.run(t, &sqlEnv{driver: d, pool: pool, s: pgtest.NewSchema(t, pool), db: db, begin: begin})
+				})
+			}
+		})
+	}
+}
+
+var errBoom = errors.New("boom")
+
+var sqlScenarios = []sqlScenario{
+	{name: "FirstCallThenReplay", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		var runs atomic.Int64
+		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			v := fmt.Sprintf("run-%d", runs.Add(1))
+			return v, e.effect(ctx, tx, key, v)
+		}
+		var first, second idem.Result[string]
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) (err error) {
+			first, err = idem.WithIdempotency(ctx, tx, key, fn, e.s.Opt)
+			return err
+		}))
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) (err error) {
+			second, err = idem.WithIdempotency(ctx, tx, key, fn, e.s.Opt)
+			return err
+		}))
+		viaDo, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
+		require.NoError(t, err)
+		require.False(t, first.Replayed)
+		require.True(t, second.Replayed)
+		require.True(t, viaDo.Replayed)
+		require.Equal(t, "run-1", first.Value)
+		require.Equal(t, first.Value, second.Value)
+		require.Equal(t, first.Value, viaDo.Value)
+		require.EqualValues(t, 1, runs.Load())
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+		require.Equal(t, idem.StatusSucceeded, e.s.ReadRecord(t, e.pool, key).Status)
+	}},
+
+	{name: "FnErrorLeavesNothingAndRetryRuns", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		fail := true
+		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			if err := e.effect(ctx, tx, key, "x"); err != nil {
+				return "", err
+			}
+			if fail {
+				return "", errBoom
+			}
+			return "ok", nil
+		}
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			_, err := idem.WithIdempotency(ctx, tx, key, fn, e.s.Opt)
+			require.ErrorIs(t, err, errBoom)
+			// The caller's transaction is still usable.
+			var one int
+			return tx.QueryRow(ctx, `SELECT 1`).Scan(&one)
+		}))
+		require.Zero(t, e.s.CountEffects(t, e.pool, key))
+		require.Nil(t, e.s.ReadRecord(t, e.pool, key))
+		fail = false
+		res, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		require.Equal(t, "ok", res.Value)
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "PermanentRecordedAndReplayed", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		var runs atomic.Int64
+		fn := func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			runs.Add(1)
+			if err := e.effect(ctx, tx, key, "charged"); err != nil {
+				return 0, err
+			}
+			return 0, idem.Permanent(errors.New("card declined"))
+		}
+		_, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
+		require.True(t, idem.IsPermanent(err), "%v", err)
+		require.EqualError(t, err, "card declined")
+		res, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
+		require.True(t, idem.IsPermanent(err), "%v", err)
+		require.EqualError(t, err, "card declined")
+		require.True(t, res.Replayed)
+		require.EqualValues(t, 1, runs.Load())
+		require.Zero(t, e.s.CountEffects(t, e.pool, key))
+		require.Equal(t, idem.StatusFailed, e.s.ReadRecord(t, e.pool, key).Status)
+	}},
+
+	{name: "NoWaitInProgressKeepsCallerTx", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		holder, err := e.begin(ctx, "")
+		require.NoError(t, err)
+		defer holder.Rollback(ctx) //nolint:errcheck
+		_, err = idem.WithIdempotency(ctx, holder, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+			return "held", e.effect(ctx, tx, key, "held")
+		}, e.s.Opt)
+		require.NoError(t, err)
+
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '7s'`)
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = idem.WithIdempotency(ctx, tx, key, func(context.Context, pgx.Tx) (string, error) {
+				t.Error("fn ran while another transaction held the key")
+				return "", nil
+			}, e.s.Opt, idem.NoWait())
+			require.ErrorIs(t, err, idem.ErrInProgress)
+			require.Less(t, time.Since(start), 3*time.Second)
+			var timeout string
+			require.NoError(t, tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&timeout))
+			require.Equal(t, "7s", timeout)
+			var n int
+			require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_class WHERE relname = 'pg_class'`).Scan(&n))
+			require.Equal(t, 1, n)
+			return nil
+		}))
+		require.NoError(t, holder.Commit(ctx))
+		res, err := idem.Do(ctx, e.db, key, func(context.Context, pgx.Tx) (string, error) { return "again", nil }, e.s.Opt, idem.NoWait())
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, "held", res.Value)
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "KeyReused", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		key.Fingerprint = []byte("request A")
+		fn := func(ctx context.Context, tx pgx.Tx) (string, error) { return "a", e.effect(ctx, tx, key, "a") }
+		_, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
+		require.NoError(t, err)
+		other := key
+		other.Fingerprint = []byte("request B")
+		_, err = idem.Do(ctx, e.db, other, fn, e.s.Opt)
+		require.ErrorIs(t, err, idem.ErrKeyReused)
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			_, err := idem.WithIdempotency(ctx, tx, other, fn, e.s.Opt)
+			require.ErrorIs(t, err, idem.ErrKeyReused)
+			return nil
+		}))
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "FiftyGoroutinesOneKey", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
+		key := sqlKey(t)
+		var runs atomic.Int64
+		values := make([]string, 50)
+		errs := make([]error, 50)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Go(func() {
+				<-start
+				res, err := idem.Do(context.Background(), e.db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+					v := fmt.Sprintf("run-%d-%d", runs.Add(1), time.Now().UnixNano())
+					return v, e.effect(ctx, tx, key, v)
+				}, e.s.Opt)
+				values[i], errs[i] = res.Value, err
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		for _, v := range values {
+			require.Equal(t, values[0], v)
+		}
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "RepeatableReadConflictsAreRetried", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
+		key := sqlKey(t)
+		db := e.db
+		var begins *atomic.Int64
+		if c, ok := db.(*idemsql.DB); ok {
+			// Count the transactions Do begins: more than one per caller
+			// means a 40001 was recognised and retried.
+			cb := &countingBeginner{DB: c}
+			begins, db = &cb.n, cb
+		}
+		const callers = 20
+		values := make([]string, callers)
+		errs := make([]error, callers)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() {
+				<-start
+				res, err := idem.Do(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+					// Hold the claim, so that the others wait on the key
+					// and meet a row committed after their snapshot.
+					time.Sleep(100 * time.Millisecond)
+					v := fmt.Sprintf("run-%d", time.Now().UnixNano())
+					return v, e.effect(ctx, tx, key, v)
+				}, e.s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.RepeatableRead}),
+					idem.WithRetry(idem.RetryPolicy{MaxAttempts: 50, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}))
+				values[i], errs[i] = res.Value, err
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		for _, v := range values {
+			require.Equal(t, values[0], v)
+		}
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+		if begins != nil {
+			t.Logf("%d transactions for %d callers", begins.Load(), callers)
+			require.Greater(t, begins.Load(), int64(callers), "no serialization failure was retried")
+		}
+	}},
+
+	{name: "SerializationFailureIsRetryable", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		_, err := e.pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{e.s.Name, "counter"}.Sanitize()+` (id int PRIMARY KEY, n int NOT NULL);
+			INSERT INTO `+pgx.Identifier{e.s.Name, "counter"}.Sanitize()+` VALUES (1, 0)`)
+		require.NoError(t, err)
+		table := pgx.Identifier{e.s.Name, "counter"}.Sanitize()
+		tx, err := e.begin(ctx, pgx.RepeatableRead)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT n FROM `+table+` WHERE id = $1`, 1).Scan(&n)) // the snapshot
+		tag, err := e.db.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = $1`, 1)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, tag.RowsAffected())
+		_, err = tx.Exec(ctx, `UPDATE `+table+` SET n = n + 1 WHERE id = $1`, 1)
+		require.Error(t, err)
+		require.True(t, idem.IsRetryable(err), "%T %v", err, err)
+	}},
+
+	{name: "ClaimCompleteReplayAndLeaseLost", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		first, _, err := idem.Claim[string](ctx, e.db, key, 300*time.Millisecond, e.s.Opt)
+		require.NoError(t, err)
+		require.NotNil(t, first)
+		require.EqualValues(t, 1, first.Attempt())
+		_, _, err = idem.Claim[string](ctx, e.db, key, time.Minute, e.s.Opt)
+		require.ErrorIs(t, err, idem.ErrInProgress)
+		require.NoError(t, first.Checkpoint(ctx, e.db, "charged", map[string]string{"charge": "ch_1"}))
+		time.Sleep(600 * time.Millisecond) // the lease runs out
+
+		second, _, err := idem.Claim[string](ctx, e.db, key, time.Minute, e.s.Opt)
+		require.NoError(t, err)
+		require.NotNil(t, second)
+		require.EqualValues(t, 2, second.Attempt())
+		require.Equal(t, "charged", second.RecoveryPoint())
+		var data map[string]string
+		require.NoError(t, second.RecoveryData(&data))
+		require.Equal(t, "ch_1", data["charge"])
+		require.NoError(t, second.Extend(ctx, e.db))
+
+		err = e.inTx(t, func(tx pgx.Tx) error { return first.Complete(ctx, tx, "stale") })
+		require.ErrorIs(t, err, idem.ErrLeaseLost)
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			if err := e.effect(ctx, tx, key, "done"); err != nil {
+				return err
+			}
+			return second.Complete(ctx, tx, "done")
+		}))
+
+		again, res, err := idem.Claim[string](ctx, e.db, key, time.Minute, e.s.Opt)
+		require.NoError(t, err)
+		require.Nil(t, again)
+		require.True(t, res.Replayed)
+		require.Equal(t, "done", res.Value)
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "TransitionTwentyPayersAndRefunders", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		m, err := idem.NewStateMachine(idem.StateMachineConfig{
+			Schema: e.s.Name, Table: "orders", IDColumn: "id", StateColumn: "status",
+			States: []string{"PENDING", "PAID", "SHIPPED", "CANCELLED", "REFUNDED"},
+			Transitions: map[string][]string{
+				"PENDING": {"PAID", "CANCELLED"},
+				"PAID":    {"SHIPPED", "REFUNDED"},
+				"SHIPPED": {"REFUNDED"},
+			},
+			VersionColumn: "version", HistoryTable: "order_history",
+		})
+		require.NoError(t, err)
+		orders := pgx.Identifier{e.s.Name, "orders"}.Sanitize()
+		_, err = e.pool.Exec(ctx, `CREATE TABLE `+orders+` (
+			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			status text NOT NULL DEFAULT 'PENDING',
+			version bigint NOT NULL DEFAULT 0,
+			paid_at timestamptz,
+			payment_ref text)`)
+		require.NoError(t, err)
+		_, err = e.pool.Exec(ctx, m.HistoryTableDDL("bigint"))
+		require.NoError(t, err)
+		var id int64
+		require.NoError(t, e.pool.QueryRow(ctx, `INSERT INTO `+orders+` DEFAULT VALUES RETURNING id`).Scan(&id))
+
+		// Twenty concurrent callers per move. PAID has one source state
+		// (a plain guarded UPDATE); REFUNDED has two, so its statement
+		// binds the source states as a text[] parameter.
+		for _, move := range []struct{ to, from string }{{"PAID", "PENDING"}, {"REFUNDED", "PAID"}} {
+			var applied, repeats atomic.Int64
+			errs := make([]error, 20)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range 20 {
+				wg.Go(func() {
+					<-start
+					var res idem.TransitionResult
+					err := retrySerialization(func() (err error) {
+						res, err = m.Transition(ctx, e.db, id, move.to,
+							idem.Set("paid_at", time.Now()), idem.Set("payment_ref", fmt.Sprintf("pay-%d", i)))
+						return err
+					})
+					switch {
+					case err != nil:
+						errs[i] = err
+					case res.Applied && res.From != move.from:
+						errs[i] = fmt.Errorf("applied from %q", res.From)
+					case res.Applied:
+						applied.Add(1)
+					case res.From != move.to:
+						errs[i] = fmt.Errorf("repeat saw %q", res.From)
+					default:
+						repeats.Add(1)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+			require.EqualValues(t, 1, applied.Load(), move.to)
+			require.EqualValues(t, 19, repeats.Load(), move.to)
+		}
+		_, err = m.Transition(ctx, e.db, id, "PAID")
+		var te *idem.TransitionError
+		require.ErrorAs(t, err, &te)
+		require.Equal(t, "REFUNDED", te.Current)
+		_, err = m.Transition(ctx, e.db, id+1000, "PAID")
+		require.ErrorIs(t, err, idem.ErrNotFound)
+		var history int
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{e.s.Name, "order_history"}.Sanitize()+
+			` WHERE entity_id = $1`, id).Scan(&history))
+		require.Equal(t, 2, history)
+		var version int64
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT version FROM `+orders+` WHERE id = $1`, id).Scan(&version))
+		require.EqualValues(t, 2, version)
+	}},
+
+	{name: "ConsumeOnceTwentyDeliveries", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := idem.Key{Scope: "payments", ID: sqlKey(t).ID}
+		// A failed delivery leaves nothing, and the caller's tx usable.
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			ran, err := idem.ConsumeOnce(ctx, tx, "payments", key.ID, func(ctx context.Context, tx pgx.Tx) error {
+				if err := e.effect(ctx, tx, key, "crashed"); err != nil {
+					return err
+				}
+				return errBoom
+			}, e.s.InboxOpt)
+			require.ErrorIs(t, err, errBoom)
+			require.False(t, ran)
+			_, err = tx.Exec(ctx, `SELECT 1`)
+			return err
+		}))
+		var ran atomic.Int64
+		errs := make([]error, 20)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				<-start
+				errs[i] = retrySerialization(func() error {
+					tx, err := e.begin(ctx, "")
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback(ctx) //nolint:errcheck
+					ok, err := idem.ConsumeOnce(ctx, tx, "payments", key.ID, func(ctx context.Context, tx pgx.Tx) error {
+						return e.effect(ctx, tx, key, "paid")
+					}, e.s.InboxOpt)
+					if err != nil {
+						return err
+					}
+					if err := tx.Commit(ctx); err != nil {
+						return err
+					}
+					if ok {
+						ran.Add(1)
+					}
+					return nil
+				})
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		require.EqualValues(t, 1, ran.Load())
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "SavepointsOnCallerTx", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			sp, err := tx.Begin(ctx)
+			require.NoError(t, err)
+			_, err = sp.Exec(ctx, `INSERT INTO `+e.s.Effects+` (scope, key, value) VALUES ($1, $2, $3)`, key.Scope, key.ID, "undone")
+			require.NoError(t, err)
+			_, err = sp.Exec(ctx, `SELECT 1/0`) // aborts the savepoint
+			require.Error(t, err)
+			require.NoError(t, sp.Rollback(ctx))
+			require.ErrorIs(t, sp.Rollback(ctx), pgx.ErrTxClosed)
+			sp, err = tx.Begin(ctx)
+			require.NoError(t, err)
+			inner, err := sp.Begin(ctx)
+			require.NoError(t, err)
+			tag, err := inner.Exec(ctx, `INSERT INTO `+e.s.Effects+` (scope, key, value) VALUES ($1, $2, $3)`, key.Scope, key.ID, "kept")
+			require.NoError(t, err)
+			require.EqualValues(t, 1, tag.RowsAffected())
+			require.NoError(t, inner.Commit(ctx))
+			require.NoError(t, sp.Commit(ctx))
+			// Savepoints are all released: a savepoint name of idem's
+			// must not resolve.
+			_, err = tx.Exec(ctx, `SAVEPOINT probe; RELEASE SAVEPOINT probe`)
+			return err
+		}))
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "InsertOrGetTxUniqueViolation", run: func(t *testing.T, e *sqlEnv) {
+		// A plain INSERT that hits a unique constraint (23505, recognised
+		// from every driver) rolls back to InsertOrGetTx's savepoint and
+		// reads the existing row, leaving the caller's tx usable.
+		ctx := context.Background()
+		users := pgx.Identifier{e.s.Name, "users"}.Sanitize()
+		_, err := e.pool.Exec(ctx, `CREATE TABLE `+users+` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, email text NOT NULL UNIQUE)`)
+		require.NoError(t, err)
+		insert := idem.Query{SQL: `INSERT INTO ` + users + ` (email) VALUES ($1) RETURNING id`, Args: []any{"a@example.com"}}
+		lookup := idem.Query{SQL: `SELECT id FROM ` + users + ` WHERE email = $1`, Args: []any{"a@example.com"}}
+		var first, second int64
+		for _, c := range []struct {
+			dest    *int64
+			created bool
+		}{{&first, true}, {&second, false}} {
+			require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+				created, err := idem.InsertOrGetTx(ctx, tx, insert, lookup, c.dest)
+				require.NoError(t, err)
+				require.Equal(t, c.created, created)
+				_, err = tx.Exec(ctx, `SELECT 1`)
+				return err
+			}))
+		}
+		require.Equal(t, first, second)
+	}},
+
+	{name: "CutCommitIsOutcomeUnknown", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		p, err := cutproxy.New(pgtest.URL())
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		viaProxy, _ := e.driver.open(t, p.URL(), 2)
+		var runs atomic.Int64
+		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			v := fmt.Sprintf("run-%d", runs.Add(1))
+			return v, e.effect(ctx, tx, key, v)
+		}
+		p.SetCutRate(1)
+		_, err = idem.Do(ctx, viaProxy, key, fn, e.s.Opt)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "%T %v", err, err)
+		t.Logf("cut COMMIT: %v", err)
+		require.EqualValues(t, 1, p.Cuts())
+		// The same key, retried, settles it: a replay or a single run.
+		res, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
+		require.NoError(t, err)
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+		if res.Replayed {
+			require.Equal(t, "run-1", res.Value)
+		} else {
+			require.Equal(t, "run-2", res.Value)
+		}
+	}},
+}
+
+// retrySerialization retries attempt while it fails with 40001 or 40P01, as
+// a client of a database whose default isolation is above READ COMMITTED
+// must.
+func retrySerialization(attempt func() error) error {
+	for range 100 {
+		err := attempt()
+		if err == nil || !idem.IsRetryable(err) {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return errors.New("still conflicting after 100 attempts")
+}
+
+// countingBeginner counts the transactions begun on an idemsql.DB.
+type countingBeginner struct {
+	*idemsql.DB
+	n atomic.Int64
+}
+
+func (c *countingBeginner) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	c.n.Add(1)
+	return c.DB.BeginTx(ctx, opts)
+}
