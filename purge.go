@@ -35,8 +35,10 @@ type PurgeOptions struct {
 // flight) makes a batch wait at most 20ms, after which the batch is redone
 // skipping such rows (FOR UPDATE SKIP LOCKED), so Purge never waits longer
 // for a claim, and a claim that races it claims the key again and never sees
-// an empty result. db is normally a pool; inside a pgx.Tx every batch skips
-// held rows. WithTable and WithInboxTable name the tables.
+// an empty result. Under a REPEATABLE READ or SERIALIZABLE default
+// isolation, a batch that fails with 40001 or 40P01 is redone (WithRetry's
+// attempts and backoff). db is normally a pool; inside a pgx.Tx every batch
+// skips held rows. WithTable and WithInboxTable name the tables.
 func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64, error) {
 	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 {
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative options", ErrInvalidOption)
@@ -61,6 +63,15 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 			return total, err
 		}
 		n, err := purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
+		// Under a REPEATABLE READ or SERIALIZABLE default, a batch that
+		// meets a row a concurrent takeover just changed fails with 40001:
+		// the batch is its own transaction, so it is simply done again.
+		for try := 1; err != nil && IsRetryable(err) && !inTx && try < cfg.retry.MaxAttempts; try++ {
+			if serr := sleep(ctx, backoff(cfg.retry, try)); serr != nil {
+				return total, serr
+			}
+			n, err = purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
+		}
 		if err != nil {
 			return total, fmt.Errorf("idem: purging records: %w", err)
 		}

@@ -165,8 +165,33 @@ func TestPurge(t *testing.T) {
 // no errors, no empty results, and every committed effect is an execution
 // somebody was told about (no duplicates).
 func TestPurgeLoopUnderLoad(t *testing.T) {
-	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 30 })
+	for _, iso := range []string{"", "repeatable read", "serializable"} {
+		name := iso
+		if name == "" {
+			name = "database default"
+		}
+		t.Run(name, func(t *testing.T) {
+			if iso != "" {
+				pgtest.SkipViaPgBouncer(t, "a session's default_transaction_isolation is a startup parameter PgBouncer does not pass on")
+			}
+			purgeLoopUnderLoad(t, iso)
+		})
+	}
+}
+
+// purgeLoopUnderLoad runs the purge loop against claims, on connections whose
+// default isolation is iso ("" for the database's).
+func purgeLoopUnderLoad(t *testing.T, iso string) {
+	pool := pgtest.Pool(t, func(c *pgxpool.Config) {
+		c.MaxConns = 30
+		if iso != "" {
+			c.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
+		}
+	})
 	s := pgtest.NewSchema(t, pool)
+	// 100 workers on 10 keys conflict often above READ COMMITTED: give Do
+	// room to retry them all.
+	retries := idem.WithRetry(idem.RetryPolicy{MaxAttempts: 100})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var purged atomic.Int64
@@ -195,7 +220,7 @@ func TestPurgeLoopUnderLoad(t *testing.T) {
 				res, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
 					v := fmt.Sprintf("%s/w%d/i%d", key.ID, w, i)
 					return v, s.AddEffect(ctx, tx, key, v)
-				}, s.Opt, idem.WithTTL(30*time.Millisecond))
+				}, s.Opt, idem.WithTTL(30*time.Millisecond), retries)
 				calls.Add(1)
 				if err != nil {
 					t.Errorf("Do: %v", err)
