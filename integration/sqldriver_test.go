@@ -334,13 +334,7 @@ var sqlScenarios = []sqlScenario{
 		}
 		close(start)
 		wg.Wait()
-		for _, err := range errs {
-			require.NoError(t, err)
-		}
-		for _, v := range values {
-			require.Equal(t, values[0], v)
-		}
-		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+		requireOneOutcome(t, e, key, values, errs)
 	}},
 
 	{name: "RepeatableReadConflictsAreRetried", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
@@ -374,13 +368,7 @@ var sqlScenarios = []sqlScenario{
 		}
 		close(start)
 		wg.Wait()
-		for _, err := range errs {
-			require.NoError(t, err)
-		}
-		for _, v := range values {
-			require.Equal(t, values[0], v)
-		}
-		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+		requireOneOutcome(t, e, key, values, errs)
 		if begins != nil {
 			t.Logf("%d transactions for %d callers", begins.Load(), callers)
 			require.Greater(t, begins.Load(), int64(callers), "no serialization failure was retried")
@@ -686,4 +674,17 @@ type countingBeginner struct {
 func (c *countingBeginner) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
 	c.n.Add(1)
 	return c.DB.BeginTx(ctx, opts)
+}
+
+// requireOneOutcome checks what concurrent callers of one key got: no
+// error, one value for all, and one effect row.
+func requireOneOutcome(t *testing.T, e *sqlEnv, key idem.Key, values []string, errs []error) {
+	t.Helper()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for _, v := range values {
+		require.Equal(t, values[0], v)
+	}
+	require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
 }
