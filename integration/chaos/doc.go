@@ -8,8 +8,10 @@
 // Workers send requests whose keys mostly repeat through Do,
 // WithIdempotency, lease mode (Claim and Complete) and the HTTP middleware,
 // retrying each with the same key as a real client would, while a chaos loop
-// terminates their backends, cancels their contexts, cuts connections right
-// after COMMIT is forwarded, and restarts PostgreSQL once in fast and once in
+// terminates their backends, cancels their contexts, cuts connections at
+// COMMIT (half right after forwarding it, so the transaction commits, half
+// instead of forwarding it, so it rolls back: the client cannot tell which),
+// and restarts PostgreSQL once in fast and once in
 // immediate mode (pg_ctlcluster; -chaos.restart=false leaves the server
 // alone, for a database the test cannot restart). A checker then reads the
 // effects table, which has no unique constraint, and reports per key lost

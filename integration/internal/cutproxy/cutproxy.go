@@ -1,6 +1,9 @@
 // Package cutproxy is a TCP proxy in front of PostgreSQL that can cut a
-// connection right after forwarding a COMMIT, before any answer comes back:
-// the client cannot tell whether its transaction committed.
+// connection when the client sends COMMIT, before any answer comes back: the
+// client cannot tell whether its transaction committed. The cut comes right
+// after the COMMIT is forwarded (the transaction commits) or, with
+// SetDropRate, instead of forwarding it (the server rolls it back), so that
+// both outcomes hide behind the same error.
 //
 // The proxy sees COMMIT only when the client sends the statement's text with
 // each execution, so connect through it with pgx.QueryExecModeExec (or the
@@ -26,7 +29,9 @@ type Proxy struct {
 	ln     net.Listener
 	cfg    *pgconn.Config
 	rate   atomic.Uint64 // cut probability, in millionths
+	drop   atomic.Uint64 // share of the cuts made before forwarding, in millionths
 	cuts   atomic.Int64
+	drops  atomic.Int64
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	open   map[net.Conn]struct{}
@@ -65,8 +70,19 @@ func (p *Proxy) SetCutRate(rate float64) {
 	p.rate.Store(uint64(rate * 1e6))
 }
 
-// Cuts is how many connections the proxy cut after a COMMIT.
+// SetDropRate sets the share, from 0 to 1, of the cuts made instead of
+// forwarding the COMMIT: the server then sees the connection end inside the
+// transaction and rolls it back. The default 0 forwards every COMMIT first.
+func (p *Proxy) SetDropRate(rate float64) {
+	rate = min(max(rate, 0), 1)
+	p.drop.Store(uint64(rate * 1e6))
+}
+
+// Cuts is how many connections the proxy cut at a COMMIT, forwarded or not.
 func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
+
+// Drops is how many of the cuts did not forward the COMMIT.
+func (p *Proxy) Drops() int64 { return p.drops.Load() }
 
 // Close stops accepting, closes every forwarded connection and waits for the
 // proxy's goroutines.
@@ -142,10 +158,14 @@ func (p *Proxy) forward(client, server net.Conn) {
 	for {
 		n, err := client.Read(buf)
 		if n > 0 {
+			cut, drop := p.cut(buf[:n])
+			if drop {
+				return // the COMMIT never reaches the server: it rolls back
+			}
 			if _, werr := server.Write(buf[:n]); werr != nil {
 				return
 			}
-			if p.cut(buf[:n]) {
+			if cut {
 				return
 			}
 		}
@@ -155,14 +175,20 @@ func (p *Proxy) forward(client, server net.Conn) {
 	}
 }
 
-func (p *Proxy) cut(msg []byte) bool {
+// cut decides whether msg, carrying a COMMIT, ends its connection, and if
+// so whether it is dropped rather than forwarded first.
+func (p *Proxy) cut(msg []byte) (cut, drop bool) {
 	rate := p.rate.Load()
 	if rate == 0 || !(bytes.Contains(msg, []byte("COMMIT")) || bytes.Contains(msg, []byte("commit"))) {
-		return false
+		return false, false
 	}
 	if rate < 1e6 && rand.Uint64N(1e6) >= rate {
-		return false
+		return false, false
 	}
 	p.cuts.Add(1)
-	return true
+	if d := p.drop.Load(); d > 0 && rand.Uint64N(1e6) < d {
+		p.drops.Add(1)
+		return true, true
+	}
+	return true, false
 }
