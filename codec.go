@@ -14,7 +14,10 @@ type Codec interface {
 	Unmarshal(data []byte, v any) error
 }
 
-// JSONCodec stores values as JSON with encoding/json.
+// JSONCodec stores values as JSON with encoding/json. Like encoding/json,
+// it replaces invalid UTF-8 in strings with U+FFFD, so a replay of such a
+// string differs from the first result: return binary data as []byte, which
+// is stored as it is.
 type JSONCodec struct{}
 
 // Marshal encodes v as JSON.

@@ -55,6 +55,10 @@ func FuzzCodec(f *testing.F) {
 		if err != nil || (utf8.ValidString(str) && dec != str) {
 			t.Fatalf("string round trip: %q -> %q, %v", str, dec, err)
 		}
+		if !utf8.ValidString(str) && dec != eachInvalidByteReplaced(str) {
+			// JSONCodec's documented behaviour: invalid bytes become U+FFFD.
+			t.Fatalf("invalid UTF-8 string: %q -> %q, want each invalid byte as U+FFFD", str, dec)
+		}
 		if json.Valid(data) {
 			rm, err := encodeValue(nil, json.RawMessage(data))
 			if err != nil {
@@ -101,4 +105,20 @@ func FuzzStateMachineConfig(f *testing.F) {
 		}
 		_ = m.Mermaid()
 	})
+}
+
+// eachInvalidByteReplaced is s with every byte that is not part of valid
+// UTF-8 replaced by U+FFFD, as encoding/json does.
+func eachInvalidByteReplaced(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
