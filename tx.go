@@ -230,8 +230,8 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	}
 }
 
-// doOnce makes one attempt. On a pool or a connection it reports the
-// attempt's event; otherwise the WithIdempotency it runs does.
+// doOnce makes one attempt and reports its event once the attempt has
+// committed (or failed).
 func doOnce[T any](ctx context.Context, db TxBeginner, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error, start time.Time) (Result[T], error) {
 	switch d := db.(type) {
@@ -249,7 +249,11 @@ func doOnce[T any](ctx context.Context, db TxBeginner, key Key,
 		cfg.report(ctx, "Do", key, start, res.Replayed, err)
 		return res, err
 	default:
-		return doOnTx(ctx, db, key, fn, cfg)
+		// Reported after the commit, like the branches above: an
+		// execution whose COMMIT fails is no execution.
+		res, err := doOnTx(ctx, db, key, fn, cfg)
+		cfg.report(ctx, "Do", key, start, res.Replayed, err)
+		return res, err
 	}
 }
 
@@ -273,7 +277,7 @@ func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
 		return zero, err
 	}
 	defer rollback(ctx, tx) //nolint:errcheck // a no-op after Commit
-	res, err := WithIdempotency(ctx, tx, key, fn, withConfig(cfg))
+	res, err := withIdempotency(ctx, tx, key, fn, cfg)
 	if err != nil && !(IsPermanent(err) && !res.Replayed) {
 		return res, err
 	}
@@ -284,11 +288,6 @@ func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
 		return Result[T]{}, commitError(cerr)
 	}
 	return res, err
-}
-
-// withConfig passes an already validated configuration on.
-func withConfig(src *config) Option {
-	return func(c *config) { *c = *src }
 }
 
 // doOnConn is Do on one connection, with BEGIN and COMMIT pipelined.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -194,6 +195,11 @@ func TestIsolationLevelsDoRetriesConflicts(t *testing.T) {
 			if !aboveReadCommitted(iso) {
 				require.Zero(t, conflicts.n.Load(), "READ COMMITTED raised serialization failures")
 			}
+			if iso == pgx.Serializable {
+				// The workload is built to conflict: without a retried
+				// 40001 the test would not have exercised Do's retries.
+				require.Positive(t, conflicts.n.Load(), "no serialization failure to retry at SERIALIZABLE")
+			}
 			t.Logf("%s: %d callers x %d keys: fn ran %d times for %d keys, %d statements or batches failed with 40001/40P01 and were retried by Do",
 				iso, callers, keys, runs.Load(), keys, conflicts.n.Load())
 		})
@@ -232,4 +238,15 @@ func TestAsClientRetriesOnlyConflictsAboveReadCommitted(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
+}
+
+// TestDatabaseDefaultIsolation checks that the database the suites run on
+// has the default isolation a matrix run expects (IDEM_EXPECT_ISOLATION, as
+// .ci/run sets it), so that a matrix run cannot pass at the wrong level.
+func TestDatabaseDefaultIsolation(t *testing.T) {
+	want := os.Getenv("IDEM_EXPECT_ISOLATION")
+	if want == "" {
+		t.Skip("IDEM_EXPECT_ISOLATION is not set: no matrix run expects a level")
+	}
+	require.Equal(t, pgx.TxIsoLevel(want), isolationOf(t, pgtest.Pool(t)))
 }

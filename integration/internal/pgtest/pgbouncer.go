@@ -309,10 +309,11 @@ func (b *bouncer) waitReady(timeout time.Duration) error {
 	return fmt.Errorf("pgbouncer did not answer within %v: %v\n%s", timeout, err, b.log.String())
 }
 
-// stop asks PgBouncer to shut down (SIGINT: at once, closing connections),
-// kills it if it lingers, and removes its directory.
+// stop asks PgBouncer to shut down at once (SIGTERM, the immediate
+// shutdown; SIGINT would wait for open transactions), kills it if it
+// lingers, and removes its directory.
 func (b *bouncer) stop() {
-	_ = b.cmd.Process.Signal(syscall.SIGINT)
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-b.exited:
 	case <-time.After(5 * time.Second):
