@@ -25,7 +25,11 @@ const (
 	// call returned ErrKeyReused.
 	EventKeyReused
 	// EventTakeover: an expired record, or a lease that ran out, was
-	// claimed again (Attempt is the new fencing token in lease mode).
+	// claimed again (Attempt is the new fencing token in lease mode). For
+	// WithIdempotency and Do it is reported when the claim takes the record
+	// over, inside the transaction: if that transaction then rolls back (fn
+	// failed, a 40001 retried), the takeover does not last and a retry may
+	// report another.
 	EventTakeover
 	// EventLeaseLost: a lease's holder found its lease taken over or
 	// finished by another (ErrLeaseLost).
@@ -58,8 +62,9 @@ type Event struct {
 	Key Key
 	// Attempt is the lease's fencing token for lease-mode events, else 0.
 	Attempt int32
-	// Duration is the time from the start of the call to the event; 0 for
-	// takeover and lease_lost events, which happen inside a call.
+	// Duration is the time from the start of the call to the event. It is
+	// 0 for events that happen inside a call rather than end it: the
+	// takeover events of WithIdempotency and Do, and lease_lost.
 	Duration time.Duration
 	// Rows is how many rows EventPurged deleted.
 	Rows int64
@@ -81,8 +86,10 @@ type Hooks interface {
 	Event(ctx context.Context, e Event)
 }
 
-// WithHooks sends the call's events to h (nil leaves hooks off). Pass the
-// same option to every call, or wrap it once in a slice of options.
+// WithHooks sends the call's events to h. A nil interface leaves hooks off;
+// a nil pointer of a type that implements Hooks is not nil and is called.
+// Pass the same option to every call, or wrap it once in a slice of
+// options.
 func WithHooks(h Hooks) Option {
 	return func(c *config) { c.hooks = h }
 }

@@ -18,12 +18,14 @@ const spInbox = "idem_inbox"
 
 // inboxQueries are the statements for one inbox table.
 type inboxQueries struct {
+	table  string // sanitized, schema-qualified
 	insert string
 	purge  string
 }
 
 func buildInboxQueries(t string) *inboxQueries {
 	return &inboxQueries{
+		table: t,
 		insert: `INSERT INTO ` + t + ` (consumer, message_id) VALUES ($1, $2)
 	ON CONFLICT (consumer, message_id) DO NOTHING RETURNING true`,
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(

@@ -88,8 +88,10 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...Option) (*Re
 // Stuck lists lease-mode records still processing whose lease ran out, the
 // longest-expired first, at most limit of them (limit must be positive).
 // Such a key is taken over by the next Claim of the same request; until
-// then its work is neither finished nor abandoned. WithTable names the
-// table.
+// then its work is neither finished nor abandoned. A lease given up with
+// Release is listed too, until the key is claimed again. No index covers
+// locked_until, so it reads the whole table: on a large table, run it from
+// a replica or off-peak. WithTable names the table.
 func Stuck(ctx context.Context, db DBTX, limit int, opts ...Option) ([]Record, error) {
 	if db == nil || limit <= 0 {
 		return nil, fmt.Errorf("%w: Stuck needs a database and a positive limit", ErrInvalidOption)
@@ -112,6 +114,34 @@ func Stuck(ctx context.Context, db DBTX, limit int, opts ...Option) ([]Record, e
 		return nil, fmt.Errorf("idem: listing stuck leases: %w", err)
 	}
 	return out, nil
+}
+
+// CountExpired counts what Purge would delete now: the expired records
+// (never a lease record still processing, as Purge) and, when
+// inboxRetention is positive, the inbox rows consumed longer ago than that.
+// It reads through the expires_at and consumed_at indexes rather than the
+// whole tables. WithTable and WithInboxTable name the tables.
+func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, opts ...Option) (records, inbox int64, err error) {
+	if db == nil || inboxRetention < 0 {
+		return 0, 0, fmt.Errorf("%w: CountExpired needs a database and a non-negative retention", ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return 0, 0, err
+	}
+	err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.q.table+`
+	WHERE expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)`).Scan(&records)
+	if err != nil {
+		return 0, 0, fmt.Errorf("idem: counting expired records: %w", err)
+	}
+	if inboxRetention > 0 {
+		err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.inbox.table+`
+	WHERE consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'`, inboxRetention.Microseconds()).Scan(&inbox)
+		if err != nil {
+			return records, 0, fmt.Errorf("idem: counting expired inbox rows: %w", err)
+		}
+	}
+	return records, inbox, nil
 }
 
 // TableStats counts a record table's rows by status and reports its oldest

@@ -249,6 +249,7 @@ func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, fun
 			deadline := lastSent.Add(l.duration)
 			if !sent.Before(deadline) {
 				lost = fmt.Errorf("%w: no renewal succeeded within %v", ErrLeaseLost, l.duration)
+				l.cfg.emit(ctx, EventLeaseLost, "KeepAlive", l.key, l.attempt, time.Time{}, lost)
 				cancel(lost)
 				return
 			}

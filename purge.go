@@ -130,7 +130,8 @@ type Purger struct {
 	Interval time.Duration
 	// Options are passed to Purge.
 	Options PurgeOptions
-	// TableOptions name the tables (WithTable, WithInboxTable).
+	// TableOptions are passed to Purge: they name the tables (WithTable,
+	// WithInboxTable) and may set WithHooks for purged events.
 	TableOptions []Option
 	// OnPurge, if set, is called after each run with the rows deleted and
 	// the run's error (nil on success). Run keeps going after errors.

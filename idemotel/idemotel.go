@@ -127,7 +127,10 @@ func New(opts ...Option) (*Hooks, error) {
 func (h *Hooks) Event(ctx context.Context, e idem.Event) {
 	set := metric.WithAttributes(AttrEvent.String(e.Kind.String()), AttrOp.String(e.Op))
 	h.events.Add(ctx, 1, set)
-	h.duration.Record(ctx, e.Duration.Seconds(), set)
+	if e.Duration > 0 {
+		// Events inside a call (takeover, lease_lost) carry no duration.
+		h.duration.Record(ctx, e.Duration.Seconds(), set)
+	}
 	if e.Kind == idem.EventPurged {
 		h.purged.Add(ctx, e.Rows)
 	}

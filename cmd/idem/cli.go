@@ -72,7 +72,7 @@ func (c *common) options() []idem.Option {
 
 func (c *common) connect(ctx context.Context, getenv env) (*pgxpool.Pool, error) {
 	if err := idem.ValidateTableName(c.schema, c.table); err != nil {
-		return nil, fmt.Errorf("--schema/--table: %w", err)
+		return nil, usageError{fmt.Sprintf("--schema/--table: %v", err)}
 	}
 	url := c.url
 	if url == "" {
@@ -118,6 +118,10 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
+// errReported is a command-line mistake the flag package has already
+// printed, with the usage: exit code 2, nothing more to say.
+var errReported = errors.New("reported")
+
 func run(ctx context.Context, args []string, out, errOut io.Writer, getenv env) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(out, usage)
@@ -138,6 +142,8 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, getenv env) 
 		return exitOK
 	case errors.Is(err, flag.ErrHelp):
 		return exitOK
+	case errors.Is(err, errReported):
+		return exitUsage
 	case errors.As(err, &ue):
 		fmt.Fprintf(errOut, "idem %s: %v\nRun 'idem %s --help' for usage.\n", args[0], err, args[0])
 		return exitUsage
@@ -157,32 +163,34 @@ const undefinedTable = "42P01"
 
 // tableFlags repeats the --schema and --table flags of args, for a hint.
 func tableFlags(args []string) string {
-	fs := flag.NewFlagSet("", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var c common
-	c.register(fs)
-	for len(args) > 0 {
-		if fs.Parse(args) != nil || len(fs.Args()) == 0 {
-			break
-		}
-		args = fs.Args()[1:]
-	}
 	var b strings.Builder
-	if c.schema != "" {
-		fmt.Fprintf(&b, " --schema %s", c.schema)
-	}
-	if c.table != idem.DefaultTable {
-		fmt.Fprintf(&b, " --table %s", c.table)
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || (name != "schema" && name != "table") {
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				continue
+			}
+			value = args[i+1]
+		}
+		fmt.Fprintf(&b, " --%s %s", name, value)
 	}
 	return b.String()
 }
 
 // parse parses a command's flags; usage text goes to errOut. Positional
 // arguments are returned; flags may come before or after them.
-func parse(fs *flag.FlagSet, args []string, errOut io.Writer, synopsis string) ([]string, error) {
-	fs.SetOutput(errOut)
+func parse(fs *flag.FlagSet, args []string, out, errOut io.Writer, synopsis string) ([]string, error) {
+	// Asked-for help goes to stdout, help after a mistake to stderr.
+	w := errOut
+	if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" || a == "--h" }) {
+		w = out
+	}
+	fs.SetOutput(w)
 	fs.Usage = func() {
-		fmt.Fprintf(errOut, "Usage:\n  %s\n\nFlags:\n", synopsis)
+		fmt.Fprintf(w, "Usage:\n  %s\n\nFlags:\n", synopsis)
 		fs.PrintDefaults()
 	}
 	var positional []string
@@ -191,7 +199,7 @@ func parse(fs *flag.FlagSet, args []string, errOut io.Writer, synopsis string) (
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
-			return nil, usageError{err.Error()}
+			return nil, errReported // the flag package printed it
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -213,7 +221,7 @@ func runMigrate(ctx context.Context, args []string, out, errOut io.Writer, geten
 	var c common
 	c.register(fs)
 	yes := fs.Bool("yes", false, "confirm 'migrate down', which drops the record and inbox tables")
-	pos, err := parse(fs, args, errOut, "idem migrate up|down|version [flags]")
+	pos, err := parse(fs, args, out, errOut, "idem migrate up|down|version [flags]")
 	if err != nil {
 		return err
 	}
@@ -264,7 +272,7 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	batch := fs.Int("batch-size", 10_000, "rows deleted per statement")
 	inbox := fs.Duration("inbox-retention", 0, "also delete inbox rows consumed longer ago than this (e.g. 168h); 0 leaves the inbox alone")
 	progress := fs.String("progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), always or never")
-	pos, err := parse(fs, args, errOut, "idem purge [--dry-run] [flags]")
+	pos, err := parse(fs, args, out, errOut, "idem purge [--dry-run] [flags]")
 	if err != nil {
 		return err
 	}
@@ -282,18 +290,26 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 		return err
 	}
 	defer pool.Close()
-	st, err := idem.TableStats(ctx, pool, c.options()...)
-	if err != nil {
-		return err
+	showBar := *progress == "always" || (*progress == "auto" && isTerminal(errOut))
+	var expired, inboxRows int64
+	if *dryRun || showBar {
+		// Through the expires_at index: no full scan.
+		if expired, inboxRows, err = idem.CountExpired(ctx, pool, *inbox, c.options()...); err != nil {
+			return err
+		}
 	}
 	if *dryRun {
 		if c.json {
-			return printJSON(out, map[string]any{"dry_run": true, "expired": st.Expired})
+			return printJSON(out, map[string]any{"dry_run": true, "expired": expired, "inbox": inboxRows})
 		}
-		fmt.Fprintf(out, "%d expired records would be deleted (of %d); nothing was deleted\n", st.Expired, total(st))
+		fmt.Fprintf(out, "%d expired records would be deleted", expired)
+		if *inbox > 0 {
+			fmt.Fprintf(out, ", and %d inbox rows", inboxRows)
+		}
+		fmt.Fprintln(out, "; nothing was deleted")
 		return nil
 	}
-	bar := newProgress(errOut, st.Expired, *progress == "always" || (*progress == "auto" && isTerminal(errOut)))
+	bar := newProgress(errOut, expired, showBar)
 	start := time.Now()
 	deleted, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: *batch, InboxRetention: *inbox, OnBatch: bar.add}, c.options()...)
 	bar.done()
@@ -322,7 +338,7 @@ func runInspect(ctx context.Context, args []string, out, errOut io.Writer, geten
 	c.register(fs)
 	scope := fs.String("scope", "", "the key's scope (required)")
 	key := fs.String("key", "", "the key (required)")
-	pos, err := parse(fs, args, errOut, "idem inspect --scope S --key K [flags]")
+	pos, err := parse(fs, args, out, errOut, "idem inspect --scope S --key K [flags]")
 	if err != nil {
 		return err
 	}
@@ -435,7 +451,7 @@ func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	var c common
 	c.register(fs)
 	limit := fs.Int("limit", 100, "list at most this many records")
-	pos, err := parse(fs, args, errOut, "idem stuck [--limit N] [flags]")
+	pos, err := parse(fs, args, out, errOut, "idem stuck [--limit N] [flags]")
 	if err != nil {
 		return err
 	}
@@ -487,7 +503,7 @@ func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
 	var c common
 	c.register(fs)
-	pos, err := parse(fs, args, errOut, "idem stats [flags]")
+	pos, err := parse(fs, args, out, errOut, "idem stats [flags]")
 	if err != nil {
 		return err
 	}
@@ -564,6 +580,7 @@ func newProgress(w io.Writer, total int64, on bool) *progress {
 
 func (p *progress) add(n int64) {
 	p.deleted += n
+	p.total = max(p.total, p.deleted) // records that expired since the count
 	if !p.on {
 		return
 	}

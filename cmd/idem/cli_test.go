@@ -148,7 +148,7 @@ func TestCommandsEndToEnd(t *testing.T) {
 
 	code, out, _ = cli(t, "purge", "--schema", s, "--dry-run")
 	require.Equal(t, exitOK, code)
-	require.Contains(t, out, "2 expired records would be deleted (of 4)")
+	require.Contains(t, out, "2 expired records would be deleted; nothing was deleted")
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{s, idem.DefaultTable}.Sanitize()).Scan(&n))
 	require.Equal(t, 4, n, "a dry run deletes nothing")
@@ -185,7 +185,14 @@ func TestPurgeManyRowsInBatches(t *testing.T) {
 		(scope, key, status, attempt, created_at, updated_at, expires_at)
 		SELECT 's', 'k' || i, 'succeeded', 1, now(), now(), now() - interval '1 second' FROM generate_series(1, 2500) AS i`)
 	require.NoError(t, err)
-	code, out, errOut := cli(t, "purge", "--schema", s, "--batch-size", "1000", "--progress", "always")
+	_, err = pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s, idem.DefaultInboxTable}.Sanitize()+` (consumer, message_id, consumed_at)
+		SELECT 'c', 'm' || i, now() - interval '2 days' FROM generate_series(1, 5) AS i`)
+	require.NoError(t, err)
+	code, out, errOut := cli(t, "purge", "--schema", s, "--dry-run", "--inbox-retention", "24h")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "2500 expired records would be deleted, and 5 inbox rows; nothing was deleted")
+
+	code, out, errOut = cli(t, "purge", "--schema", s, "--batch-size", "1000", "--progress", "always")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "deleted 2500 rows")
 	require.Equal(t, 3, strings.Count(errOut, "\r"), "one progress line per batch")
@@ -211,8 +218,12 @@ func TestHelpfulErrors(t *testing.T) {
 	require.Contains(t, errOut, "up, down, version")
 
 	code, _, errOut = cli(t, "stats", "--table", `x"; DROP TABLE y; --`)
-	require.Equal(t, exitError, code)
+	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "table name")
+
+	code, _, errOut = cli(t, "stats", "--nope")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, 1, strings.Count(errOut, "flag provided but not defined"), "the mistake is said once")
 
 	code, _, errOut = cli(t, "stats", "--database-url", "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
 	require.Equal(t, exitError, code)
@@ -222,14 +233,17 @@ func TestHelpfulErrors(t *testing.T) {
 	code, _, errOut = cli(t, "stats", "--schema", "idem_cli_missing")
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "run 'idem migrate up --schema idem_cli_missing'")
+	code, _, errOut = cli(t, "stuck", "--limit", "3", "--schema=idem_cli_missing", "--table", "t")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errOut, "run 'idem migrate up --schema idem_cli_missing --table t'")
 
 	code, _, errOut = cli(t, "purge", "--batch-size", "0")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "--batch-size")
 
-	code, _, errOut = cli(t, "stats", "--help")
+	code, out, _ = cli(t, "stats", "--help")
 	require.Equal(t, exitOK, code)
-	require.Contains(t, errOut, "-database-url")
+	require.Contains(t, out, "-database-url", "asked-for help goes to stdout")
 }
 
 // Without --database-url and DATABASE_URL, the PG* variables are used.
