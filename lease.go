@@ -86,7 +86,7 @@ func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, op
 	default:
 		cfg.report(ctx, "Claim", key, start, res.Replayed, err)
 	}
-	return l, res, err
+	return l, res, withContextErr(ctx, err)
 }
 
 // claim is Claim after the checks, without the event.

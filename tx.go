@@ -83,6 +83,8 @@ const noWaitLockTimeout = "50ms"
 // the claim fail with SQLSTATE 40001, returned unchanged (see IsRetryable); a
 // lock_timeout of the caller's that ends the wait for the key's holder fails
 // with SQLSTATE 55P03; such errors, and connection failures, leave tx aborted.
+// When ctx is done, the error matches ctx.Err() (errors.Is), whatever the
+// driver reported.
 //
 // fn receives tx (behind a guard that refuses Commit and Rollback) and must
 // not commit or roll it back, nor call WithIdempotency with the same key.
@@ -107,7 +109,20 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	start := time.Now()
 	res, err := withIdempotency(ctx, tx, key, fn, &cfg)
 	cfg.report(ctx, cmp.Or(cfg.op, "WithIdempotency"), key, start, res.Replayed, err)
-	return res, err
+	return res, withContextErr(ctx, err)
+}
+
+// withContextErr makes an error that a done ctx caused match ctx.Err(),
+// whichever driver reported it: pgx returns the context's error, lib/pq the
+// server's "canceling statement due to user request" (SQLSTATE 57014).
+func withContextErr(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", cerr, err)
+	}
+	return err
 }
 
 // withIdempotency is WithIdempotency after the checks, without the event.
@@ -194,7 +209,8 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 // When the connection fails while COMMIT is in flight, Do cannot know whether
 // the transaction committed and returns an error matching ErrOutcomeUnknown.
 // Calling Do again with the same key settles it: the committed result is
-// replayed, or, if nothing committed, fn runs once.
+// replayed, or, if nothing committed, fn runs once. When ctx is done, the
+// error matches ctx.Err() (errors.Is), whatever the driver reported.
 func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (Result[T], error) {
 	var zero Result[T]
@@ -222,7 +238,7 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts || isTx {
 			// Inside an enclosing transaction (db is a pgx.Tx) a retry
 			// would meet the same snapshot: that transaction must retry.
-			return res, err
+			return res, withContextErr(ctx, err)
 		}
 		if err := sleep(ctx, backoff(cfg.retry, attempt)); err != nil {
 			return zero, err

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -648,6 +649,408 @@ var sqlScenarios = []sqlScenario{
 		} else {
 			require.Equal(t, "run-2", res.Value)
 		}
+	}},
+	// The rest of the WithIdempotency/Do case table (README, "Guarantees of
+	// WithIdempotency and Do"), mirroring the pgx-only tests of
+	// core_test.go, lease_test.go, token_purge_test.go, security_test.go
+	// and hooks_test.go.
+
+	{name: "PanicReraisedLeavesNothing", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		panicky := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			if err := e.effect(ctx, tx, key, "x"); err != nil {
+				return "", err
+			}
+			panic("kaboom")
+		}
+		require.PanicsWithValue(t, "kaboom", func() { _, _ = idem.Do(ctx, e.db, key, panicky, e.s.Opt) })
+		require.Nil(t, e.s.ReadRecord(t, e.pool, key))
+		require.Zero(t, e.s.CountEffects(t, e.pool, key))
+
+		tx, err := e.begin(ctx, "")
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		require.PanicsWithValue(t, "kaboom", func() { _, _ = idem.WithIdempotency(ctx, tx, key, panicky, e.s.Opt) })
+		// The caller's transaction survived the panic and can commit.
+		own := idem.Key{Scope: "caller", ID: key.ID}
+		require.NoError(t, e.effect(ctx, tx, own, "kept"))
+		require.NoError(t, tx.Commit(ctx))
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, own))
+		require.Nil(t, e.s.ReadRecord(t, e.pool, key))
+		require.Zero(t, e.s.CountEffects(t, e.pool, key))
+
+		var runs atomic.Int64
+		res, err := idem.Do(ctx, e.db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+			runs.Add(1)
+			return "ok", e.effect(ctx, tx, key, "ok")
+		}, e.s.Opt)
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		require.Equal(t, "ok", res.Value)
+		require.EqualValues(t, 1, runs.Load())
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "ContextCancelledMidFn", run: func(t *testing.T, e *sqlEnv) {
+		key := sqlKey(t)
+		for _, viaDo := range []bool{true, false} {
+			ctx, cancel := context.WithCancel(context.Background())
+			slow := func(ctx context.Context, tx pgx.Tx) (string, error) {
+				if err := e.effect(ctx, tx, key, "x"); err != nil {
+					return "", err
+				}
+				time.AfterFunc(50*time.Millisecond, cancel)
+				_, err := tx.Exec(ctx, "SELECT pg_sleep(5)")
+				return "late", err
+			}
+			start := time.Now()
+			if viaDo {
+				_, err := idem.Do(ctx, e.db, key, slow, e.s.Opt)
+				// Whatever the driver reports (lib/pq: the server's
+				// SQLSTATE 57014), idem's error matches the context's.
+				require.ErrorIs(t, err, context.Canceled, "%T %v", err, err)
+				t.Logf("Do, cancelled: %v", err)
+			} else {
+				tx, err := e.begin(context.Background(), "")
+				require.NoError(t, err)
+				defer tx.Rollback(context.Background()) //nolint:errcheck
+				_, err = idem.WithIdempotency(ctx, tx, key, slow, e.s.Opt)
+				require.Error(t, err)
+				t.Logf("WithIdempotency, cancelled: %v", err)
+				_ = tx.Commit(context.Background()) // a careless caller: still nothing may commit
+			}
+			cancel()
+			require.Less(t, time.Since(start), 4*time.Second, "the cancellation interrupted pg_sleep")
+			require.Nil(t, e.s.ReadRecord(t, e.pool, key), "viaDo=%v", viaDo)
+			require.Zero(t, e.s.CountEffects(t, e.pool, key), "viaDo=%v", viaDo)
+		}
+		var runs atomic.Int64
+		res, err := idem.Do(context.Background(), e.db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+			runs.Add(1)
+			return "ok", e.effect(ctx, tx, key, "ok")
+		}, e.s.Opt)
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		require.EqualValues(t, 1, runs.Load(), "the retry runs fn once")
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "TerminatedBackendMidFn", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		var victimRuns atomic.Int64
+		victim := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			victimRuns.Add(1)
+			if err := e.effect(ctx, tx, key, "doomed"); err != nil {
+				return "", err
+			}
+			var pid int
+			if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				return "", err
+			}
+			var killed bool
+			if err := e.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&killed); err != nil {
+				return "", err
+			}
+			if !killed {
+				return "", fmt.Errorf("backend %d was not terminated", pid)
+			}
+			_, err := tx.Exec(ctx, "SELECT 1")
+			return "unreachable", err
+		}
+		_, err := idem.Do(ctx, e.db, key, victim, e.s.Opt)
+		require.Error(t, err)
+		require.NotContains(t, err.Error(), "was not terminated")
+		t.Logf("terminated backend: %v", err)
+		require.EqualValues(t, 1, victimRuns.Load())
+		require.Nil(t, e.s.ReadRecord(t, e.pool, key))
+		require.Zero(t, e.s.CountEffects(t, e.pool, key))
+
+		var runs atomic.Int64
+		res, err := idem.Do(ctx, e.db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+			runs.Add(1)
+			return "ok", e.effect(ctx, tx, key, "ok")
+		}, e.s.Opt)
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		require.Equal(t, "ok", res.Value)
+		require.EqualValues(t, 1, runs.Load(), "the retry runs fn once")
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "TTLExpiryTakeover", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		ttl := idem.WithTTL(300 * time.Millisecond)
+		var runs atomic.Int64
+		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			v := fmt.Sprintf("run-%d", runs.Add(1))
+			return v, e.effect(ctx, tx, key, v)
+		}
+		r1, err := idem.Do(ctx, e.db, key, fn, e.s.Opt, ttl)
+		require.NoError(t, err)
+		require.False(t, r1.Replayed)
+		r2, err := idem.Do(ctx, e.db, key, fn, e.s.Opt, ttl)
+		require.NoError(t, err)
+		require.True(t, r2.Replayed, "replayed while the record lives")
+		require.Equal(t, r1.Value, r2.Value)
+
+		time.Sleep(400 * time.Millisecond)
+		r3, err := idem.Do(ctx, e.db, key, fn, e.s.Opt, ttl)
+		require.NoError(t, err)
+		require.False(t, r3.Replayed, "an expired record is taken over")
+		require.Equal(t, "run-2", r3.Value)
+		require.Equal(t, 2, e.s.CountEffects(t, e.pool, key))
+		require.Equal(t, 2, e.s.ReadRecord(t, e.pool, key).Attempt)
+
+		// Inside a caller's transaction, too; the default TTL then keeps it.
+		time.Sleep(400 * time.Millisecond)
+		var r4 idem.Result[string]
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) (err error) {
+			r4, err = idem.WithIdempotency(ctx, tx, key, fn, e.s.Opt)
+			return err
+		}))
+		require.False(t, r4.Replayed)
+		require.Equal(t, "run-3", r4.Value)
+		time.Sleep(400 * time.Millisecond)
+		r5, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
+		require.NoError(t, err)
+		require.True(t, r5.Replayed)
+		require.Equal(t, r4.Value, r5.Value)
+		require.EqualValues(t, 3, runs.Load())
+		require.Equal(t, 3, e.s.CountEffects(t, e.pool, key))
+	}},
+
+	{name: "IssuedTokens", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		req := idem.RequireIssued()
+		scope := "user:" + sqlKey(t).ID
+		token, err := idem.IssueToken(ctx, e.db, scope, time.Hour, e.s.Opt)
+		require.NoError(t, err)
+		require.Len(t, token, 52)
+		key := idem.Key{Scope: scope, ID: token}
+		var runs atomic.Int64
+		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			v := fmt.Sprintf("run-%d", runs.Add(1))
+			return v, e.effect(ctx, tx, key, v)
+		}
+		first, err := idem.Do(ctx, e.db, key, fn, e.s.Opt, req)
+		require.NoError(t, err)
+		require.False(t, first.Replayed)
+		again, err := idem.Do(ctx, e.db, key, fn, e.s.Opt, req)
+		require.NoError(t, err)
+		require.True(t, again.Replayed)
+		require.Equal(t, first.Value, again.Value)
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			res, err := idem.WithIdempotency(ctx, tx, key, fn, e.s.Opt, req)
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			return nil
+		}))
+		require.EqualValues(t, 1, runs.Load())
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+
+		// Forged: the right shape for the scope, never issued.
+		forged := idem.Key{Scope: scope, ID: strings.Repeat("A", 43) + token[43:]}
+		_, err = idem.Do(ctx, e.db, forged, fn, e.s.Opt, req)
+		require.ErrorIs(t, err, idem.ErrTokenRejected)
+		require.ErrorIs(t, err, idem.ErrTokenUnknown)
+		var te *idem.TokenError
+		require.ErrorAs(t, err, &te)
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			_, err := idem.WithIdempotency(ctx, tx, forged, fn, e.s.Opt, req)
+			require.ErrorIs(t, err, idem.ErrTokenRejected)
+			return nil
+		}))
+		_, err = idem.Do(ctx, e.db, idem.Key{Scope: scope, ID: "made-up"}, fn, e.s.Opt, req)
+		require.ErrorIs(t, err, idem.ErrTokenRejected)
+		require.EqualValues(t, 1, runs.Load(), "fn never ran for a rejected token")
+		require.Nil(t, e.s.ReadRecord(t, e.pool, forged))
+	}},
+
+	{name: "MaxResultSize", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		small := idem.WithMaxResultSize(100)
+		var runs atomic.Int64
+		sized := func(n int) func(context.Context, pgx.Tx) (string, error) {
+			return func(ctx context.Context, tx pgx.Tx) (string, error) {
+				runs.Add(1)
+				// n characters are n+2 bytes of JSON.
+				return strings.Repeat("y", n), e.effect(ctx, tx, key, fmt.Sprint(n))
+			}
+		}
+		_, err := idem.Do(ctx, e.db, key, sized(99), e.s.Opt, small)
+		require.ErrorIs(t, err, idem.ErrResultTooLarge)
+		require.Contains(t, err.Error(), "101 bytes")
+		require.Nil(t, e.s.ReadRecord(t, e.pool, key), "nothing recorded")
+		require.Zero(t, e.s.CountEffects(t, e.pool, key), "fn's writes rolled back")
+
+		// In the caller's transaction: rolled back like an error from fn,
+		// the transaction usable.
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			_, err := idem.WithIdempotency(ctx, tx, key, sized(99), e.s.Opt, small)
+			require.ErrorIs(t, err, idem.ErrResultTooLarge)
+			require.NoError(t, e.effect(ctx, tx, idem.Key{Scope: "caller", ID: key.ID}, "kept"))
+			res, err := idem.WithIdempotency(ctx, tx, key, sized(98), e.s.Opt, small)
+			require.NoError(t, err)
+			require.False(t, res.Replayed)
+			return nil
+		}))
+		require.EqualValues(t, 3, runs.Load())
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key), "only the run that fit")
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, idem.Key{Scope: "caller", ID: key.ID}))
+		require.Len(t, e.s.ReadRecord(t, e.pool, key).Response, 100)
+		res, err := idem.Do(ctx, e.db, key, sized(99), e.s.Opt, small)
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, strings.Repeat("y", 98), res.Value)
+	}},
+
+	{name: "SerializableTwentyCallers", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
+		key := sqlKey(t)
+		db := e.db
+		var begins *atomic.Int64
+		if c, ok := db.(*idemsql.DB); ok {
+			cb := &countingBeginner{DB: c}
+			begins, db = &cb.n, cb
+		}
+		var runs atomic.Int64
+		const callers = 20
+		values := make([]string, callers)
+		errs := make([]error, callers)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() {
+				<-start
+				res, err := idem.Do(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+					// Hold the claim: the others wait on the key, then
+					// fail with 40001 and are retried into a replay.
+					time.Sleep(100 * time.Millisecond)
+					v := fmt.Sprintf("run-%d-%d", runs.Add(1), time.Now().UnixNano())
+					return v, e.effect(ctx, tx, key, v)
+				}, e.s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.Serializable}),
+					idem.WithRetry(idem.RetryPolicy{MaxAttempts: 50, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}))
+				values[i], errs[i] = res.Value, err
+			})
+		}
+		close(start)
+		wg.Wait()
+		requireOneOutcome(t, e, key, values, errs)
+		t.Logf("fn ran %d times for %d callers (rolled-back runs included)", runs.Load(), callers)
+		if begins != nil {
+			t.Logf("%d transactions for %d callers", begins.Load(), callers)
+			require.Greater(t, begins.Load(), int64(callers), "no serialization failure was retried")
+		}
+	}},
+
+	{name: "HooksReportOnlyCommittedExecutions", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		log := &eventLog{}
+		hooks := idem.WithHooks(log)
+		key := sqlKey(t)
+		var runs atomic.Int64
+		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			v := fmt.Sprintf("run-%d", runs.Add(1))
+			return v, e.effect(ctx, tx, key, v)
+		}
+		_, err := idem.Do(ctx, e.db, key, fn, e.s.Opt, hooks)
+		require.NoError(t, err)
+		require.Equal(t, []string{"executed/Do"}, log.take())
+		_, err = idem.Do(ctx, e.db, key, fn, e.s.Opt, hooks)
+		require.NoError(t, err)
+		require.Equal(t, []string{"replayed/Do"}, log.take())
+
+		// fn's write breaks a deferred unique constraint: the COMMIT fails
+		// with 23505, so nothing executed and nothing may be reported so.
+		tickets := pgx.Identifier{e.s.Name, "tickets"}.Sanitize()
+		_, err = e.pool.Exec(ctx, `CREATE TABLE `+tickets+` (seat text NOT NULL,
+			CONSTRAINT tickets_seat_key UNIQUE (seat) DEFERRABLE INITIALLY DEFERRED);
+			INSERT INTO `+tickets+` VALUES ('1A')`)
+		require.NoError(t, err)
+		dkey := sqlKey(t)
+		var druns atomic.Int64
+		seat := "1A"
+		book := func(ctx context.Context, tx pgx.Tx) (string, error) {
+			druns.Add(1)
+			_, err := tx.Exec(ctx, `INSERT INTO `+tickets+` (seat) VALUES ($1)`, seat)
+			if err != nil {
+				return "", err // the constraint is deferred: not here
+			}
+			return "booked " + seat, e.effect(ctx, tx, dkey, seat)
+		}
+		_, err = idem.Do(ctx, e.db, dkey, book, e.s.Opt, hooks)
+		require.Error(t, err)
+		constraint, ok := idem.UniqueViolation(err)
+		require.True(t, ok, "want 23505 from COMMIT, got %T %v", err, err)
+		if !e.driver.viaSQL {
+			require.Equal(t, "tickets_seat_key", constraint)
+		}
+		require.NotErrorIs(t, err, idem.ErrOutcomeUnknown, "a COMMIT refused by the server did not commit")
+		require.EqualValues(t, 1, druns.Load())
+		events := log.take()
+		require.NotContains(t, events, "executed/Do", "a COMMIT that failed is no execution")
+		require.Empty(t, events)
+		require.Nil(t, e.s.ReadRecord(t, e.pool, dkey))
+		require.Zero(t, e.s.CountEffects(t, e.pool, dkey))
+
+		// A retry that fits runs fn and reports one execution.
+		seat = "1B"
+		res, err := idem.Do(ctx, e.db, dkey, book, e.s.Opt, hooks)
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		require.Equal(t, "booked 1B", res.Value)
+		require.Equal(t, []string{"executed/Do"}, log.take())
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, dkey))
+	}},
+
+	{name: "KeepAliveRenewsLease", run: func(t *testing.T, e *sqlEnv) {
+		ctx := context.Background()
+		key := sqlKey(t)
+		const lease = 300 * time.Millisecond
+		l, _, err := idem.Claim[string](ctx, e.db, key, lease, e.s.Opt)
+		require.NoError(t, err)
+		require.NotNil(t, l)
+		workCtx, stop := l.KeepAlive(ctx, e.db)
+		time.Sleep(3 * lease)
+		_, _, err = idem.Claim[string](ctx, e.db, key, lease, e.s.Opt)
+		require.ErrorIs(t, err, idem.ErrInProgress, "the watchdog kept the lease alive")
+		require.NoError(t, workCtx.Err())
+		require.NoError(t, stop())
+		require.ErrorIs(t, workCtx.Err(), context.Canceled)
+		require.NoError(t, e.inTx(t, func(tx pgx.Tx) error {
+			if err := e.effect(ctx, tx, key, "done"); err != nil {
+				return err
+			}
+			return l.Complete(ctx, tx, "done")
+		}))
+		_, res, err := idem.Claim[string](ctx, e.db, key, lease, e.s.Opt)
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, "done", res.Value)
+
+		// A second watchdog notices a takeover and cancels the work.
+		other := sqlKey(t)
+		l1, _, err := idem.Claim[string](ctx, e.db, other, lease, e.s.Opt)
+		require.NoError(t, err)
+		workCtx, stop = l1.KeepAlive(ctx, e.db)
+		_, err = e.pool.Exec(ctx, `UPDATE `+e.s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE scope = $1 AND key = $2`,
+			other.Scope, other.ID)
+		require.NoError(t, err)
+		l2, _, err := idem.Claim[string](ctx, e.db, other, time.Minute, e.s.Opt)
+		require.NoError(t, err)
+		require.NotNil(t, l2)
+		require.EqualValues(t, 2, l2.Attempt())
+		select {
+		case <-workCtx.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the watchdog did not notice the takeover")
+		}
+		require.ErrorIs(t, context.Cause(workCtx), idem.ErrLeaseLost)
+		require.ErrorIs(t, stop(), idem.ErrLeaseLost)
+		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
 	}},
 }
 
