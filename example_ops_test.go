@@ -116,3 +116,59 @@ func ExampleLookup() {
 	// succeeded 1 {"signup_id":7} true
 	// idem: not found
 }
+
+// Stuck lists the lease records whose holder stopped renewing: the work a
+// crashed worker left, until the next Claim of the key takes it over.
+func ExampleStuck() {
+	ctx := context.Background()
+	pool := examplePool("stuck")
+	defer pool.Close()
+
+	lease, _, err := idem.Claim[string](ctx, pool, idem.Key{Scope: "orders", ID: "pay-order-9"}, 10*time.Millisecond)
+	if err != nil {
+		panic(err)
+	}
+	if err := lease.Checkpoint(ctx, pool, "gateway-called", nil); err != nil {
+		panic(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the worker died: nobody renews the lease
+	stuck, err := idem.Stuck(ctx, pool, 10)
+	if err != nil {
+		panic(err)
+	}
+	for _, r := range stuck {
+		fmt.Println(r.Scope, r.ID, r.Status, "attempt", r.Attempt, "at", r.RecoveryPoint)
+	}
+	// Output:
+	// orders pay-order-9 processing attempt 1 at gateway-called
+}
+
+// A Purger purges on an interval until its context ends.
+func ExamplePurger() {
+	ctx, cancel := context.WithCancel(context.Background())
+	pool := examplePool("purger")
+	defer pool.Close()
+
+	_, err := idem.Do(ctx, pool, idem.Key{Scope: "s", ID: "short-lived"},
+		func(context.Context, pgx.Tx) (int, error) { return 1, nil }, idem.WithTTL(time.Millisecond))
+	if err != nil {
+		panic(err)
+	}
+	purged := make(chan int64, 1)
+	p := &idem.Purger{DB: pool, Interval: 20 * time.Millisecond, OnPurge: func(n int64, err error) {
+		if n > 0 || err != nil {
+			select {
+			case purged <- n:
+			default:
+			}
+		}
+	}}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	fmt.Println("purged:", <-purged)
+	cancel()
+	fmt.Println("stopped:", <-done)
+	// Output:
+	// purged: 1
+	// stopped: context canceled
+}
