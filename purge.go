@@ -35,10 +35,12 @@ type PurgeOptions struct {
 // flight) makes a batch wait at most 20ms, after which the batch is redone
 // skipping such rows (FOR UPDATE SKIP LOCKED), so Purge never waits longer
 // for a claim, and a claim that races it claims the key again and never sees
-// an empty result. Under a REPEATABLE READ or SERIALIZABLE default
-// isolation, a batch that fails with 40001 or 40P01 is redone (WithRetry's
-// attempts and backoff). db is normally a pool; inside a pgx.Tx every batch
-// skips held rows. WithTable and WithInboxTable name the tables.
+// an empty result. Each batch runs at READ COMMITTED whatever the default
+// isolation, so concurrent takeovers do not fail it with 40001; a batch that
+// still fails with 40001 or 40P01 (a deadlock) is redone, with WithRetry's
+// attempts and backoff. db is normally a pool; inside a pgx.Tx every batch
+// skips held rows and keeps the transaction's isolation. WithTable and
+// WithInboxTable name the tables.
 func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64, error) {
 	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 {
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative options", ErrInvalidOption)
@@ -63,9 +65,8 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 			return total, err
 		}
 		n, err := purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
-		// Under a REPEATABLE READ or SERIALIZABLE default, a batch that
-		// meets a row a concurrent takeover just changed fails with 40001:
-		// the batch is its own transaction, so it is simply done again.
+		// A batch is its own transaction: one that fails with 40001 or
+		// 40P01 is simply done again.
 		for try := 1; err != nil && IsRetryable(err) && !inTx && try < cfg.retry.MaxAttempts; try++ {
 			if serr := sleep(ctx, backoff(cfg.retry, try)); serr != nil {
 				return total, serr
@@ -97,28 +98,38 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 // transaction holds before it retries the batch skipping such rows.
 const purgeLockTimeout = "20ms"
 
-// purgeBatch deletes one batch. The plain DELETE runs under a short
-// lock_timeout (the batch is one implicit transaction, so the setting ends
-// with it); if it meets a row another transaction holds, the batch is done
-// again with FOR UPDATE SKIP LOCKED. Inside a caller's transaction only the
-// skipping form is used, leaving its settings alone.
+// purgeBatch deletes one batch. The batch is one implicit transaction at
+// READ COMMITTED, whatever the session's default isolation: a row a
+// concurrent takeover changed is then rechecked and skipped rather than
+// failing the batch with 40001. The plain DELETE runs under a short
+// lock_timeout (the setting ends with the transaction); if it meets a row
+// another transaction holds, the batch is done again with FOR UPDATE SKIP
+// LOCKED. Inside a caller's transaction only the skipping form is used,
+// leaving its settings and isolation alone.
 func purgeBatch(ctx context.Context, db DBTX, q *queries, size int, inTx bool) (int64, error) {
-	if !inTx {
-		var n int64
-		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, purgeLockTimeout)
-		b.Queue(q.purge, size).Exec(func(ct pgconn.CommandTag) error { n = ct.RowsAffected(); return nil })
-		err := db.SendBatch(ctx, b).Close()
-		if err == nil {
-			return n, nil
-		}
-		if pgCode(err) != sqlstateLockNotAvailable {
-			return 0, err
-		}
+	if inTx {
+		tag, err := db.Exec(ctx, q.purgeSkipLocked, size)
+		return tag.RowsAffected(), err
 	}
-	tag, err := db.Exec(ctx, q.purgeSkipLocked, size)
-	return tag.RowsAffected(), err
+	var n int64
+	count := func(ct pgconn.CommandTag) error { n = ct.RowsAffected(); return nil }
+	b := &pgx.Batch{}
+	b.Queue(purgeIsolation)
+	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, purgeLockTimeout)
+	b.Queue(q.purge, size).Exec(count)
+	err := db.SendBatch(ctx, b).Close()
+	if err == nil || pgCode(err) != sqlstateLockNotAvailable {
+		return n, err
+	}
+	b = &pgx.Batch{}
+	b.Queue(purgeIsolation)
+	b.Queue(q.purgeSkipLocked, size).Exec(count)
+	err = db.SendBatch(ctx, b).Close()
+	return n, err
 }
+
+// purgeIsolation starts each purge batch's transaction.
+const purgeIsolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
 // Purger runs Purge on an interval until its context ends. The zero value
 // is not usable: DB is required.
