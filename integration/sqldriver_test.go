@@ -339,41 +339,7 @@ var sqlScenarios = []sqlScenario{
 	}},
 
 	{name: "RepeatableReadConflictsAreRetried", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
-		key := sqlKey(t)
-		db := e.db
-		var begins *atomic.Int64
-		if c, ok := db.(*idemsql.DB); ok {
-			// Count the transactions Do begins: more than one per caller
-			// means a 40001 was recognised and retried.
-			cb := &countingBeginner{DB: c}
-			begins, db = &cb.n, cb
-		}
-		const callers = 20
-		values := make([]string, callers)
-		errs := make([]error, callers)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for i := range callers {
-			wg.Go(func() {
-				<-start
-				res, err := idem.Do(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
-					// Hold the claim, so that the others wait on the key
-					// and meet a row committed after their snapshot.
-					time.Sleep(100 * time.Millisecond)
-					v := fmt.Sprintf("run-%d", time.Now().UnixNano())
-					return v, e.effect(ctx, tx, key, v)
-				}, e.s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.RepeatableRead}),
-					idem.WithRetry(idem.RetryPolicy{MaxAttempts: 50, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}))
-				values[i], errs[i] = res.Value, err
-			})
-		}
-		close(start)
-		wg.Wait()
-		requireOneOutcome(t, e, key, values, errs)
-		if begins != nil {
-			t.Logf("%d transactions for %d callers", begins.Load(), callers)
-			require.Greater(t, begins.Load(), int64(callers), "no serialization failure was retried")
-		}
+		contendedDo(t, e, pgx.RepeatableRead)
 	}},
 
 	{name: "SerializationFailureIsRetryable", run: func(t *testing.T, e *sqlEnv) {
@@ -909,41 +875,7 @@ var sqlScenarios = []sqlScenario{
 	}},
 
 	{name: "SerializableTwentyCallers", maxConns: 20, run: func(t *testing.T, e *sqlEnv) {
-		key := sqlKey(t)
-		db := e.db
-		var begins *atomic.Int64
-		if c, ok := db.(*idemsql.DB); ok {
-			cb := &countingBeginner{DB: c}
-			begins, db = &cb.n, cb
-		}
-		var runs atomic.Int64
-		const callers = 20
-		values := make([]string, callers)
-		errs := make([]error, callers)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for i := range callers {
-			wg.Go(func() {
-				<-start
-				res, err := idem.Do(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
-					// Hold the claim: the others wait on the key, then
-					// fail with 40001 and are retried into a replay.
-					time.Sleep(100 * time.Millisecond)
-					v := fmt.Sprintf("run-%d-%d", runs.Add(1), time.Now().UnixNano())
-					return v, e.effect(ctx, tx, key, v)
-				}, e.s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.Serializable}),
-					idem.WithRetry(idem.RetryPolicy{MaxAttempts: 50, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}))
-				values[i], errs[i] = res.Value, err
-			})
-		}
-		close(start)
-		wg.Wait()
-		requireOneOutcome(t, e, key, values, errs)
-		t.Logf("fn ran %d times for %d callers (rolled-back runs included)", runs.Load(), callers)
-		if begins != nil {
-			t.Logf("%d transactions for %d callers", begins.Load(), callers)
-			require.Greater(t, begins.Load(), int64(callers), "no serialization failure was retried")
-		}
+		contendedDo(t, e, pgx.Serializable)
 	}},
 
 	{name: "HooksReportOnlyCommittedExecutions", run: func(t *testing.T, e *sqlEnv) {
@@ -1090,4 +1022,45 @@ func requireOneOutcome(t *testing.T, e *sqlEnv, key idem.Key, values []string, e
 		require.Equal(t, values[0], v)
 	}
 	require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+}
+
+// contendedDo sends 20 concurrent callers of one key through Do at iso. fn
+// holds the claim, so the others wait on the key and meet a row committed
+// after their snapshot: 40001, which Do must retry into a replay. No caller
+// sees an error, all get one value, one effect is committed; on
+// database/sql, more transactions than callers prove the retries happened.
+func contendedDo(t *testing.T, e *sqlEnv, iso pgx.TxIsoLevel) {
+	key := sqlKey(t)
+	db := e.db
+	var begins *atomic.Int64
+	if c, ok := db.(*idemsql.DB); ok {
+		cb := &countingBeginner{DB: c}
+		begins, db = &cb.n, cb
+	}
+	var runs atomic.Int64
+	const callers = 20
+	values := make([]string, callers)
+	errs := make([]error, callers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			res, err := idem.Do(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+				time.Sleep(100 * time.Millisecond)
+				v := fmt.Sprintf("run-%d-%d", runs.Add(1), time.Now().UnixNano())
+				return v, e.effect(ctx, tx, key, v)
+			}, e.s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: iso}),
+				idem.WithRetry(idem.RetryPolicy{MaxAttempts: 50, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}))
+			values[i], errs[i] = res.Value, err
+		})
+	}
+	close(start)
+	wg.Wait()
+	requireOneOutcome(t, e, key, values, errs)
+	t.Logf("fn ran %d times for %d callers (rolled-back runs included)", runs.Load(), callers)
+	if begins != nil {
+		t.Logf("%d transactions for %d callers", begins.Load(), callers)
+		require.Greater(t, begins.Load(), int64(callers), "no serialization failure was retried")
+	}
 }
