@@ -643,19 +643,7 @@ var sqlScenarios = []sqlScenario{
 		require.NoError(t, e.effect(ctx, tx, own, "kept"))
 		require.NoError(t, tx.Commit(ctx))
 		require.Equal(t, 1, e.s.CountEffects(t, e.pool, own))
-		require.Nil(t, e.s.ReadRecord(t, e.pool, key))
-		require.Zero(t, e.s.CountEffects(t, e.pool, key))
-
-		var runs atomic.Int64
-		res, err := idem.Do(ctx, e.db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
-			runs.Add(1)
-			return "ok", e.effect(ctx, tx, key, "ok")
-		}, e.s.Opt)
-		require.NoError(t, err)
-		require.False(t, res.Replayed)
-		require.Equal(t, "ok", res.Value)
-		require.EqualValues(t, 1, runs.Load())
-		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+		requireNothingThenOneRun(t, e, key)
 	}},
 
 	{name: "ContextCancelledMidFn", run: func(t *testing.T, e *sqlEnv) {
@@ -730,19 +718,7 @@ var sqlScenarios = []sqlScenario{
 		require.NotContains(t, err.Error(), "was not terminated")
 		t.Logf("terminated backend: %v", err)
 		require.EqualValues(t, 1, victimRuns.Load())
-		require.Nil(t, e.s.ReadRecord(t, e.pool, key))
-		require.Zero(t, e.s.CountEffects(t, e.pool, key))
-
-		var runs atomic.Int64
-		res, err := idem.Do(ctx, e.db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
-			runs.Add(1)
-			return "ok", e.effect(ctx, tx, key, "ok")
-		}, e.s.Opt)
-		require.NoError(t, err)
-		require.False(t, res.Replayed)
-		require.Equal(t, "ok", res.Value)
-		require.EqualValues(t, 1, runs.Load(), "the retry runs fn once")
-		require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
+		requireNothingThenOneRun(t, e, key)
 	}},
 
 	{name: "TTLExpiryTakeover", run: func(t *testing.T, e *sqlEnv) {
@@ -1063,4 +1039,24 @@ func contendedDo(t *testing.T, e *sqlEnv, iso pgx.TxIsoLevel) {
 		t.Logf("%d transactions for %d callers", begins.Load(), callers)
 		require.Greater(t, begins.Load(), int64(callers), "no serialization failure was retried")
 	}
+}
+
+// requireNothingThenOneRun checks that a failed attempt left no record and
+// no effect for key, and that a retry through Do runs fn once and commits
+// one effect.
+func requireNothingThenOneRun(t *testing.T, e *sqlEnv, key idem.Key) {
+	t.Helper()
+	ctx := context.Background()
+	require.Nil(t, e.s.ReadRecord(t, e.pool, key))
+	require.Zero(t, e.s.CountEffects(t, e.pool, key))
+	var runs atomic.Int64
+	res, err := idem.Do(ctx, e.db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+		runs.Add(1)
+		return "ok", e.effect(ctx, tx, key, "ok")
+	}, e.s.Opt)
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, "ok", res.Value)
+	require.EqualValues(t, 1, runs.Load(), "the retry runs fn once")
+	require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
 }
