@@ -16,6 +16,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,11 +57,13 @@ func New(databaseURL string) (*Proxy, error) {
 
 // URL is databaseURL's connection string pointed at the proxy.
 func (p *Proxy) URL() string {
-	u := p.cfg.User
+	u := url.URL{Scheme: "postgres", Host: p.ln.Addr().String(), Path: "/" + p.cfg.Database, RawQuery: "sslmode=disable"}
 	if p.cfg.Password != "" {
-		u += ":" + p.cfg.Password
+		u.User = url.UserPassword(p.cfg.User, p.cfg.Password)
+	} else {
+		u.User = url.User(p.cfg.User)
 	}
-	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", u, p.ln.Addr(), p.cfg.Database)
+	return u.String()
 }
 
 // SetCutRate sets the probability, from 0 to 1, that a client message
