@@ -145,8 +145,9 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 }
 
 // TableStats counts a record table's rows by status and reports its oldest
-// record and its size. It reads the whole table (a sequential scan): on a
-// large table, run it from a replica or off-peak. WithTable names the table.
+// record and its size, in one statement (one snapshot). It reads the whole
+// table (a sequential scan): on a large table, run it from a replica or
+// off-peak. WithTable names the table.
 func TableStats(ctx context.Context, db DBTX, opts ...Option) (*Stats, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: TableStats needs a database", ErrInvalidOption)
@@ -156,22 +157,37 @@ func TableStats(ctx context.Context, db DBTX, opts ...Option) (*Stats, error) {
 		return nil, err
 	}
 	t := cfg.q.table
-	st := &Stats{Statuses: map[string]int64{}}
-	rows, err := db.Query(ctx, `SELECT status, count(*) FROM `+t+` GROUP BY status`)
+	// One statement, one scan, one snapshot: a row per status (none for an
+	// empty table, hence the outer join), each with the sizes.
+	rows, err := db.Query(ctx, `WITH s AS (SELECT status, count(*) AS n,
+		count(*) FILTER (WHERE expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)) AS expired,
+		count(*) FILTER (WHERE status = 'processing' AND locked_until <= clock_timestamp()) AS stuck,
+		min(created_at) AS oldest
+	FROM `+t+` GROUP BY status)
+	SELECT s.status, coalesce(s.n, 0), coalesce(s.expired, 0), coalesce(s.stuck, 0), s.oldest,
+		pg_table_size($1::regclass), pg_indexes_size($1::regclass)
+	FROM (SELECT 1) AS one LEFT JOIN s ON true`, t)
 	if err != nil {
-		return nil, fmt.Errorf("idem: counting records: %w", err)
+		return nil, fmt.Errorf("idem: reading table statistics: %w", err)
 	}
-	var status string
-	var n int64
-	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Statuses[status] = n; return nil }); err != nil {
-		return nil, fmt.Errorf("idem: counting records: %w", err)
-	}
-	err = db.QueryRow(ctx, `SELECT
-	count(*) FILTER (WHERE expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)),
-	count(*) FILTER (WHERE status = 'processing' AND locked_until <= clock_timestamp()),
-	min(created_at),
-	pg_table_size($1::regclass), pg_indexes_size($1::regclass)
-	FROM `+t, t).Scan(&st.Expired, &st.StuckLeases, &st.Oldest, &st.TableBytes, &st.IndexBytes)
+	st := &Stats{Statuses: map[string]int64{}}
+	var (
+		status            *string
+		n, expired, stuck int64
+		oldest            *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&status, &n, &expired, &stuck, &oldest, &st.TableBytes, &st.IndexBytes}, func() error {
+		if status != nil {
+			st.Statuses[*status] = n
+		}
+		st.Expired += expired
+		st.StuckLeases += stuck
+		if oldest != nil && (st.Oldest == nil || oldest.Before(*st.Oldest)) {
+			o := *oldest
+			st.Oldest = &o
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("idem: reading table statistics: %w", err)
 	}

@@ -181,6 +181,14 @@ func TestPurgeManyRowsInBatches(t *testing.T) {
 	s := schema(t, pool)
 	code, _, errOut := cli(t, "migrate", "up", "--schema", s)
 	require.Equal(t, exitOK, code, errOut)
+	code, out, errOut := cli(t, "stats", "--schema", s, "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var empty map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &empty))
+	require.Equal(t, 0.0, empty["records"], "an empty table")
+	require.Empty(t, empty["by_status"])
+	require.Nil(t, empty["oldest"], "no oldest record")
+	require.Positive(t, empty["index_bytes"], "the sizes are read even when the table is empty")
 	_, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s, idem.DefaultTable}.Sanitize()+`
 		(scope, key, status, attempt, created_at, updated_at, expires_at)
 		SELECT 's', 'k' || i, 'succeeded', 1, now(), now(), now() - interval '1 second' FROM generate_series(1, 2500) AS i`)
@@ -188,7 +196,7 @@ func TestPurgeManyRowsInBatches(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s, idem.DefaultInboxTable}.Sanitize()+` (consumer, message_id, consumed_at)
 		SELECT 'c', 'm' || i, now() - interval '2 days' FROM generate_series(1, 5) AS i`)
 	require.NoError(t, err)
-	code, out, errOut := cli(t, "purge", "--schema", s, "--dry-run", "--inbox-retention", "24h")
+	code, out, errOut = cli(t, "purge", "--schema", s, "--dry-run", "--inbox-retention", "24h")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "2500 expired records would be deleted, and 5 inbox rows; nothing was deleted")
 
