@@ -101,7 +101,7 @@ func Stuck(ctx context.Context, db DBTX, limit int, opts ...Option) ([]Record, e
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `SELECT `+inspectColumns+` FROM `+cfg.q.table+`
-	WHERE status = 'processing' AND locked_until <= clock_timestamp()
+	WHERE `+stuckLease+`
 	ORDER BY locked_until LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idem: listing stuck leases: %w", err)
@@ -130,7 +130,7 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 		return 0, 0, err
 	}
 	err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.q.table+`
-	WHERE expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)`).Scan(&records)
+	WHERE `+purgeable).Scan(&records)
 	if err != nil {
 		return 0, 0, fmt.Errorf("idem: counting expired records: %w", err)
 	}
@@ -160,8 +160,8 @@ func TableStats(ctx context.Context, db DBTX, opts ...Option) (*Stats, error) {
 	// One statement, one scan, one snapshot: a row per status (none for an
 	// empty table, hence the outer join), each with the sizes.
 	rows, err := db.Query(ctx, `WITH s AS (SELECT status, count(*) AS n,
-		count(*) FILTER (WHERE expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)) AS expired,
-		count(*) FILTER (WHERE status = 'processing' AND locked_until <= clock_timestamp()) AS stuck,
+		count(*) FILTER (WHERE `+purgeable+`) AS expired,
+		count(*) FILTER (WHERE `+stuckLease+`) AS stuck,
 		min(created_at) AS oldest
 	FROM `+t+` GROUP BY status)
 	SELECT s.status, coalesce(s.n, 0), coalesce(s.expired, 0), coalesce(s.stuck, 0), s.oldest,

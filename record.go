@@ -38,13 +38,17 @@ type Key struct {
 // it by trying them. fmt's verbs still print the fields as they are.
 func (k Key) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.String("scope", redact(k.Scope)),
-		slog.String("id", redact(k.ID)),
+		slog.String("scope", KeyDigest(k.Scope)),
+		slog.String("id", KeyDigest(k.ID)),
 	)
 }
 
-// redact stands in for a key part in logs and messages.
-func redact(s string) string {
+// KeyDigest is how logs and traces show a scope or a key ID without it:
+// "sha256:" and the first 12 hex digits of its SHA-256. Key.LogValue,
+// SlogHooks and the idemotel module all use it, so one key's log lines and
+// spans can be matched. The digest is not a secret: a key of few possible
+// values can be recovered from it by trying them.
+func KeyDigest(s string) string {
 	h := sha256.Sum256([]byte(s))
 	return "sha256:" + hex.EncodeToString(h[:6])
 }
@@ -135,6 +139,18 @@ type queries struct {
 	saveLockTimeout string
 	setLockTimeout  string
 }
+
+// purgeable is the condition of a record Purge deletes, which CountExpired
+// and TableStats count. statement_timestamp(), being stable, lets the
+// expires_at index find the rows. Lease-mode records (locked_until set)
+// still processing are never purged: a new record would restart the fencing
+// token at 1 while a paused holder of attempt 1 could still wake up; the
+// next Claim of the key takes them over instead.
+const purgeable = `expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)`
+
+// stuckLease is the condition of a lease-mode record still processing whose
+// lease ran out, as Stuck and TableStats list and count them.
+const stuckLease = `status = 'processing' AND locked_until <= clock_timestamp()`
 
 // Columns every record-returning query yields, in order.
 const recordColumns = `attempt, status, fingerprint, response,
@@ -229,25 +245,17 @@ RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, f
 		leaseRelease: `UPDATE ` + t + ` SET locked_until = clock_timestamp() - interval '1 microsecond', updated_at = now()
 	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
 
-		// statement_timestamp(), being stable, lets the expires_at index
-		// find the batch. Lease-mode records (locked_until set) still
-		// processing are never purged: a new record would restart the
-		// fencing token at 1 while a paused holder of attempt 1 could still
-		// wake up; the next Claim of the key takes them over instead.
+		// purge deletes a batch of purgeable records.
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM ` + t + `
-	WHERE expires_at <= statement_timestamp()
-		AND NOT (status = 'processing' AND locked_until IS NOT NULL)
+	SELECT ctid FROM ` + t + ` WHERE ` + purgeable + `
 	LIMIT $1))
-	AND expires_at <= statement_timestamp() AND NOT (status = 'processing' AND locked_until IS NOT NULL)`,
+	AND ` + purgeable,
 
 		// purgeSkipLocked is purge for a batch that met a row another
 		// transaction holds: locking each row first costs twice the WAL, so
 		// it is the fallback, not the rule.
 		purgeSkipLocked: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM ` + t + `
-	WHERE expires_at <= statement_timestamp()
-		AND NOT (status = 'processing' AND locked_until IS NOT NULL)
+	SELECT ctid FROM ` + t + ` WHERE ` + purgeable + `
 	LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 
 		read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,

@@ -9,8 +9,6 @@ package idemotel
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -64,7 +62,8 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 }
 
 // WithClearKeys puts scopes and keys on spans as they are. By default each
-// is replaced by "sha256:" and 12 hex digits of its SHA-256. Metrics never
+// is replaced by idem.KeyDigest ("sha256:" and 12 hex digits of its SHA-256),
+// as in idem's logs. Metrics never
 // carry keys (they would explode the series count).
 func WithClearKeys() Option {
 	return func(h *Hooks) { h.clearKeys = true }
@@ -159,6 +158,5 @@ func (h *Hooks) keyPart(s string) string {
 	if h.clearKeys {
 		return s
 	}
-	sum := sha256.Sum256([]byte(s))
-	return "sha256:" + hex.EncodeToString(sum[:6])
+	return idem.KeyDigest(s)
 }
