@@ -1,14 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/cutproxy"
 )
 
 // faultRequests is how many sign-ups each system takes in the fault suite,
@@ -27,61 +27,6 @@ var (
 	faultRequests = 2000
 	faultRate     = 0.05
 )
-
-// cutProxy forwards connections to PostgreSQL and, with probability rate,
-// closes one right after forwarding a message that carries COMMIT: the
-// server commits, the client never hears it.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	rate   float64
-	cuts   atomic.Int64
-}
-
-func newCutProxy(target string, rate float64) (*cutProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	p := &cutProxy{ln: ln, target: target, rate: rate}
-	go p.serve()
-	return p, nil
-}
-
-func (p *cutProxy) serve() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		go func() { _, _ = io.Copy(client, server); client.Close() }()
-		go func() {
-			defer server.Close()
-			defer client.Close()
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := client.Read(buf)
-				if n > 0 {
-					if _, werr := server.Write(buf[:n]); werr != nil {
-						return
-					}
-					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit")) && rand.Float64() < p.rate {
-						p.cuts.Add(1)
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
 
 // faultOutcome is what happened to one sign-up, after the client's retries.
 type faultOutcome int
@@ -101,16 +46,21 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 		return "", err
 	}
 	cfg := pool.Config().Copy()
-	host := cfg.ConnConfig.Host
-	if strings.HasPrefix(host, "/") {
-		host = "127.0.0.1"
-	}
-	proxy, err := newCutProxy(fmt.Sprintf("%s:%d", host, cfg.ConnConfig.Port), faultRate)
+	proxy, err := cutproxy.New(cfg.ConnString())
 	if err != nil {
 		return "", err
 	}
-	defer proxy.ln.Close()
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	defer proxy.Close()
+	proxy.SetCutRate(faultRate)
+	host, port, err := net.SplitHostPort(proxy.Addr())
+	if err != nil {
+		return "", err
+	}
+	portNum, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return "", err
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(portNum)
 	cfg.ConnConfig.Fallbacks = nil
 	// The SQL text travels with every execution, so the proxy sees COMMIT.
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
@@ -141,7 +91,7 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 		faultRequests, workers, faultRate*100, faultRate*100)
 	fmt.Fprintf(&t, "| system | cuts injected | duplicate effects | stuck keys | errors although committed | lost acknowledged writes |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, sys := range systems {
-		proxy.cuts.Store(0)
+		cutsBefore := proxy.Cuts()
 		redisFaults.Store(0)
 		first := signupUser.Load() + 1
 		outcomes := make([]faultOutcome, faultRequests)
@@ -208,7 +158,7 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 				wrongErr++
 			}
 		}
-		fmt.Fprintf(&t, "| %s | %d | %d | %d | %d | %d |\n", sys.name, proxy.cuts.Load()+redisFaults.Load(), dup, stuck, wrongErr, lost)
+		fmt.Fprintf(&t, "| %s | %d | %d | %d | %d | %d |\n", sys.name, proxy.Cuts()-cutsBefore+redisFaults.Load(), dup, stuck, wrongErr, lost)
 		fmt.Fprintf(os.Stderr, "  faults: %s done\n", sys.name)
 	}
 	t.WriteString("\nThe recipe's table keeps its unique index, as the scenario has it, so neither system stores a duplicate; the recipe pays instead with keys stuck in PROCESSING until their TTL (a Redis write lost after the commit) and retries refused by the unique index although the first attempt committed (a COMMIT whose answer was lost, then DEL and a fresh claim). idem's retries replay.\n\n")

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/integration/internal/cutproxy"
 	"github.com/idemkit/idem/integration/internal/pgtest"
+	"github.com/idemkit/idem/internal/cutproxy"
 )
 
 // tracer counts round trips (queries and batches) and can run a hook before

@@ -22,8 +22,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemsql"
-	"github.com/idemkit/idem/integration/internal/cutproxy"
 	"github.com/idemkit/idem/integration/internal/pgtest"
+	"github.com/idemkit/idem/internal/cutproxy"
 )
 
 // The same scenarios run for three drivers: pgx itself (*pgxpool.Pool,

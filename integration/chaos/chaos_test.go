@@ -28,8 +28,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/integration/internal/cutproxy"
 	"github.com/idemkit/idem/integration/internal/pgtest"
+	"github.com/idemkit/idem/internal/cutproxy"
 )
 
 var (

@@ -5,9 +5,10 @@
 // SetDropRate, instead of forwarding it (the server rolls it back), so that
 // both outcomes hide behind the same error.
 //
-// The proxy sees COMMIT only when the client sends the statement's text with
-// each execution, so connect through it with pgx.QueryExecModeExec (or the
-// simple protocol).
+// The integration tests and the bench's fault suite use it; it is never part
+// of the library. The proxy sees COMMIT only when the client sends the
+// statement's text with each execution, so connect through it with
+// pgx.QueryExecModeExec (or the simple protocol).
 package cutproxy
 
 import (
@@ -80,6 +81,9 @@ func (p *Proxy) SetDropRate(rate float64) {
 	rate = min(max(rate, 0), 1)
 	p.drop.Store(uint64(rate * 1e6))
 }
+
+// Addr is the proxy's listening address, host:port on the loopback.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // Cuts is how many connections the proxy cut at a COMMIT, forwarded or not.
 func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
