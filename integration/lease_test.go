@@ -209,10 +209,13 @@ func TestKeepAlive(t *testing.T) {
 
 	// A second watchdog notices a takeover and cancels the work.
 	workCtx, stop = l.KeepAlive(ctx, pool)
-	_, err = pool.Exec(ctx, `UPDATE `+s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE key = $1`, key.ID)
-	require.NoError(t, err)
-	l2, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
-	require.NoError(t, err)
+	l2 := takeOver(t, func() error {
+		_, err := pool.Exec(ctx, `UPDATE `+s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE key = $1`, key.ID)
+		return err
+	}, func() (*idem.Lease[charge], error) {
+		l, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
+		return l, err
+	})
 	require.NotNil(t, l2)
 	select {
 	case <-workCtx.Done():
@@ -221,6 +224,23 @@ func TestKeepAlive(t *testing.T) {
 	}
 	require.ErrorIs(t, context.Cause(workCtx), idem.ErrLeaseLost)
 	require.ErrorIs(t, stop(), idem.ErrLeaseLost)
+}
+
+// takeOver expires a lease that a watchdog is renewing and claims it. The
+// watchdog renews every third of the lease, so a renewal can land between the
+// expiry and the claim; like a real taker, it tries again, for up to 5s.
+func takeOver[T any](t *testing.T, expire func() error, claim func() (*idem.Lease[T], error)) *idem.Lease[T] {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		require.NoError(t, expire())
+		l, err := claim()
+		if errors.Is(err, idem.ErrInProgress) && time.Now().Before(deadline) {
+			continue
+		}
+		require.NoError(t, err)
+		return l
+	}
 }
 
 // clockSpy is a DBTX that fails the test if the application's clock is ever

@@ -944,11 +944,14 @@ var sqlScenarios = []sqlScenario{
 		l1, _, err := idem.Claim[string](ctx, e.db, other, lease, e.s.Opt)
 		require.NoError(t, err)
 		workCtx, stop = l1.KeepAlive(ctx, e.db)
-		_, err = e.pool.Exec(ctx, `UPDATE `+e.s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE scope = $1 AND key = $2`,
-			other.Scope, other.ID)
-		require.NoError(t, err)
-		l2, _, err := idem.Claim[string](ctx, e.db, other, time.Minute, e.s.Opt)
-		require.NoError(t, err)
+		l2 := takeOver(t, func() error {
+			_, err := e.pool.Exec(ctx, `UPDATE `+e.s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE scope = $1 AND key = $2`,
+				other.Scope, other.ID)
+			return err
+		}, func() (*idem.Lease[string], error) {
+			l, _, err := idem.Claim[string](ctx, e.db, other, time.Minute, e.s.Opt)
+			return l, err
+		})
 		require.NotNil(t, l2)
 		require.EqualValues(t, 2, l2.Attempt())
 		select {
