@@ -27,7 +27,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	key := idem.Key{Scope: "shop", ID: "pay-1", Fingerprint: []byte("order 1, 999")}
-	const lease = 400 * time.Millisecond
+	const lease = time.Second // long enough for the steps below on a loaded machine
 
 	w1, res, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
 	require.NoError(t, err)
