@@ -28,8 +28,9 @@
 //	            with the same key: duplicates, stuck keys, wrong errors, lost writes
 //	hotkey      1,000 concurrent Do calls with one key, wait and no-wait: the time
 //	            until every one is answered, and the number of executions (1)
-//	tablesize   Do with random keys against 0, 1,000,000 and 10,000,000 existing
-//	            records (-table-sizes), and the process's peak memory
+//	tablesize   Do with random keys against record tables holding 0, 1,000,000 and
+//	            10,000,000 records (-table-sizes), one table per size, in interleaved
+//	            rounds; the process's peak memory
 //	purge       Claim+Complete throughput and p99 alone, then while Purge deletes
 //	            1,000,000 expired records (-purge-rows); the purge rate
 //
@@ -113,7 +114,7 @@ var suites = []suite{
 	{name: "redis", about: "a sign-up with a new token per operation: the Redis recipe of scenario 000 against idem.Do", setup: setupRedis, variants: redisVariants, newKeysOnly: true},
 	{name: "faults", variants: []variant{{"redis recipe", redisRecipe}}, custom: runFaultSuite},
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
-	{name: "tablesize", variants: []variant{{"Do, random keys", doRandomKey}}, custom: runTableSizeSuite},
+	{name: "tablesize", custom: runTableSizeSuite},
 	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
 }
 
