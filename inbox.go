@@ -137,6 +137,11 @@ func PurgeInbox(ctx context.Context, db DBTX, olderThan time.Duration, batchSize
 	if err != nil {
 		return 0, err
 	}
+	return purgeInbox(ctx, db, &cfg, olderThan, batchSize, &pacer{})
+}
+
+// purgeInbox is PurgeInbox with a pacer (Purge's RowsPerSecond).
+func purgeInbox(ctx context.Context, db DBTX, cfg *config, olderThan time.Duration, batchSize int, pace *pacer) (int64, error) {
 	var total int64
 	for {
 		tag, err := db.Exec(ctx, cfg.inbox.purge, olderThan.Microseconds(), batchSize)
@@ -146,6 +151,9 @@ func PurgeInbox(ctx context.Context, db DBTX, olderThan time.Duration, batchSize
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batchSize) {
 			return total, nil
+		}
+		if err := pace.wait(ctx, tag.RowsAffected()); err != nil {
+			return total, err
 		}
 	}
 }

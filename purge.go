@@ -24,6 +24,34 @@ type PurgeOptions struct {
 	// OnBatch, when set, is called after each batch of records with the
 	// number of rows it deleted (a progress report); it must not block.
 	OnBatch func(deleted int64)
+	// RowsPerSecond, when positive, paces Purge: after each batch it waits
+	// until the rows deleted so far (records and inbox rows) amount to at
+	// most this many per second since it started, so that a large purge
+	// leaves CPU and WAL bandwidth to the claims running beside it. A batch
+	// itself still runs at full speed; smaller batches spread the load more
+	// evenly. Zero purges as fast as the database allows.
+	RowsPerSecond int
+}
+
+// pacer spreads a purge's batches to at most rate rows per second on
+// average since start.
+type pacer struct {
+	rate    int
+	start   time.Time
+	deleted int64
+}
+
+// wait records n more deleted rows and sleeps until they are due.
+func (p *pacer) wait(ctx context.Context, n int64) error {
+	p.deleted += n
+	if p.rate <= 0 {
+		return nil
+	}
+	due := p.start.Add(time.Duration(float64(p.deleted) / float64(p.rate) * float64(time.Second)))
+	if d := time.Until(due); d > 0 {
+		return sleep(ctx, d)
+	}
+	return nil
 }
 
 // Purge deletes expired records (expires_at passed, by the database clock)
@@ -42,7 +70,7 @@ type PurgeOptions struct {
 // skips held rows and keeps the transaction's isolation. WithTable and
 // WithInboxTable name the tables.
 func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64, error) {
-	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 {
+	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 {
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative options", ErrInvalidOption)
 	}
 	if po.BatchSize == 0 {
@@ -54,6 +82,7 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 	}
 	_, inTx := db.(pgx.Tx)
 	start := time.Now()
+	pace := &pacer{rate: po.RowsPerSecond, start: start}
 	var total int64
 	defer func() {
 		if cfg.hooks != nil && total > 0 {
@@ -81,11 +110,15 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 			po.OnBatch(n)
 		}
 		if n < int64(po.BatchSize) {
+			pace.deleted += n
 			break
+		}
+		if err := pace.wait(ctx, n); err != nil {
+			return total, err
 		}
 	}
 	if po.InboxRetention > 0 {
-		n, err := PurgeInbox(ctx, db, po.InboxRetention, po.BatchSize, opts...)
+		n, err := purgeInbox(ctx, db, &cfg, po.InboxRetention, po.BatchSize, pace)
 		total += n
 		if err != nil {
 			return total, err

@@ -24,6 +24,10 @@ var purgeRows int64 = 1_000_000
 // purgeBatch is the purge suite's PurgeOptions.BatchSize (-purge-batch).
 var purgeBatch = 10_000
 
+// purgeRate is the purge suite's PurgeOptions.RowsPerSecond (-purge-rate);
+// zero purges as fast as it can.
+var purgeRate = 250_000
+
 // claimComplete is one lease-mode operation: Claim a new key, Complete it.
 func claimComplete(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 	l, _, err := idem.Claim[int64](ctx, pool, key, time.Minute, tableOpt)
@@ -68,7 +72,7 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 		wg.Go(func() {
 			defer close(stop)
 			started := time.Now()
-			n, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: purgeBatch}, tableOpt)
+			n, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: purgeBatch, RowsPerSecond: purgeRate}, tableOpt)
 			purgeTime = time.Since(started)
 			purged.Store(n)
 			purgeErr = err
@@ -93,8 +97,12 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 		fmt.Fprintf(os.Stderr, "  purge workers=%d round %d/%d done\n", workers, r+1, rounds)
 	}
 	var t strings.Builder
-	fmt.Fprintf(&t, "purge: Purge of %d expired records (batches of %d) while %d workers Claim and Complete new keys; %d rounds\n\n",
-		purgeRows, purgeBatch, workers, rounds)
+	pacing := "unpaced"
+	if purgeRate > 0 {
+		pacing = fmt.Sprintf("paced at %d rows/s", purgeRate)
+	}
+	fmt.Fprintf(&t, "purge: Purge of %d expired records (batches of %d, %s) while %d workers Claim and Complete new keys; %d rounds\n\n",
+		purgeRows, purgeBatch, pacing, workers, rounds)
 	fmt.Fprintf(&t, "| measure | median | range |\n|---|---:|---|\n")
 	fmt.Fprintf(&t, "| Claim+Complete ops/s, alone | %.0f | %.0f-%.0f |\n", median(baseTPS), slices.Min(baseTPS), slices.Max(baseTPS))
 	fmt.Fprintf(&t, "| Claim+Complete ops/s, during the purge | %.0f | %.0f-%.0f |\n", median(loadTPS), slices.Min(loadTPS), slices.Max(loadTPS))

@@ -161,6 +161,51 @@ func TestPurge(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
 
+// RowsPerSecond spreads the batches: every row is still deleted, records and
+// inbox rows alike, and the purge takes at least as long as the rate allows
+// (a lower bound, which a slow machine cannot break). A cancelled context
+// stops it between batches with what it deleted so far.
+func TestPurgePaced(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	fill := func() {
+		_, err := pool.Exec(ctx, `INSERT INTO `+s.Records+` (scope, key, fingerprint, status, response, expires_at)
+			SELECT 's', 'old-' || g, '', 'succeeded', '1', clock_timestamp() - interval '1 minute' FROM generate_series(1, 2000) g`)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s.Name, "idem_inbox"}.Sanitize()+` (consumer, message_id, consumed_at)
+			SELECT 'c', 'm' || g, now() - interval '2 days' FROM generate_series(1, 1000) g`)
+		require.NoError(t, err)
+	}
+	fill()
+	var batches []int64
+	po := idem.PurgeOptions{BatchSize: 500, RowsPerSecond: 10_000, InboxRetention: 24 * time.Hour,
+		OnBatch: func(n int64) { batches = append(batches, n) }}
+	started := time.Now()
+	n, err := idem.Purge(ctx, pool, po, s.Opt, s.InboxOpt)
+	require.NoError(t, err)
+	took := time.Since(started)
+	require.EqualValues(t, 3000, n)
+	require.Equal(t, []int64{500, 500, 500, 500, 0}, batches)
+	// 2,000 records and 1,000 inbox rows in full batches of 500 wait until
+	// 500 rows per 50ms are due: the last full batch is due at 300ms.
+	require.GreaterOrEqual(t, took, 300*time.Millisecond, "the purge was not paced")
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+s.Records+`) + (SELECT count(*) FROM `+
+		pgx.Identifier{s.Name, "idem_inbox"}.Sanitize()+`)`).Scan(&left))
+	require.Zero(t, left)
+
+	fill()
+	cctx, cancel := context.WithCancel(ctx)
+	po = idem.PurgeOptions{BatchSize: 500, RowsPerSecond: 1, OnBatch: func(int64) { cancel() }}
+	n, err = idem.Purge(cctx, pool, po, s.Opt)
+	require.ErrorIs(t, err, context.Canceled)
+	require.EqualValues(t, 500, n, "one batch, then the pause is cut short")
+
+	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{RowsPerSecond: -1}, s.Opt)
+	require.ErrorIs(t, err, idem.ErrInvalidOption)
+}
+
 // A purge loop runs while 100 goroutines hammer keys that keep expiring:
 // no errors, no empty results, and every committed effect is an execution
 // somebody was told about (no duplicates).

@@ -271,6 +271,7 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	dryRun := fs.Bool("dry-run", false, "count the records a purge would delete, delete nothing")
 	batch := fs.Int("batch-size", 10_000, "rows deleted per statement")
 	inbox := fs.Duration("inbox-retention", 0, "also delete inbox rows consumed longer ago than this (e.g. 168h); 0 leaves the inbox alone")
+	rate := fs.Int("rows-per-second", 0, "pace the purge to at most this many rows per second, leaving room for live traffic; 0 runs flat out")
 	progress := fs.String("progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), always or never")
 	pos, err := parse(fs, args, out, errOut, "idem purge [--dry-run] [flags]")
 	if err != nil {
@@ -279,8 +280,8 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if len(pos) > 0 {
 		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
 	}
-	if *batch <= 0 || *inbox < 0 {
-		return usageError{"--batch-size must be positive and --inbox-retention not negative"}
+	if *batch <= 0 || *inbox < 0 || *rate < 0 {
+		return usageError{"--batch-size must be positive, --inbox-retention and --rows-per-second not negative"}
 	}
 	if !slices.Contains([]string{"auto", "always", "never"}, *progress) {
 		return usageError{"--progress must be auto, always or never"}
@@ -311,7 +312,7 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	}
 	bar := newProgress(errOut, expired, showBar)
 	start := time.Now()
-	deleted, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: *batch, InboxRetention: *inbox, OnBatch: bar.add}, c.options()...)
+	deleted, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: *batch, InboxRetention: *inbox, RowsPerSecond: *rate, OnBatch: bar.add}, c.options()...)
 	bar.done()
 	elapsed := time.Since(start)
 	if err != nil {

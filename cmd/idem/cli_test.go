@@ -200,9 +200,11 @@ func TestPurgeManyRowsInBatches(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "2500 expired records would be deleted, and 5 inbox rows; nothing was deleted")
 
-	code, out, errOut = cli(t, "purge", "--schema", s, "--batch-size", "1000", "--progress", "always")
+	started := time.Now()
+	code, out, errOut = cli(t, "purge", "--schema", s, "--batch-size", "1000", "--progress", "always", "--rows-per-second", "10000")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "deleted 2500 rows")
+	require.GreaterOrEqual(t, time.Since(started), 200*time.Millisecond, "two full batches of 1000 at 10,000 rows/s")
 	require.Equal(t, 3, strings.Count(errOut, "\r"), "one progress line per batch")
 	require.Contains(t, errOut, "2500/2500 rows")
 }
@@ -248,6 +250,9 @@ func TestHelpfulErrors(t *testing.T) {
 	code, _, errOut = cli(t, "purge", "--batch-size", "0")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "--batch-size")
+	code, _, errOut = cli(t, "purge", "--rows-per-second", "-5")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "--rows-per-second")
 
 	code, out, _ = cli(t, "stats", "--help")
 	require.Equal(t, exitOK, code)
