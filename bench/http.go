@@ -17,8 +17,8 @@ import (
 )
 
 var (
-	bareServer, idemServer *httptest.Server
-	httpClient             *http.Client
+	bareServer, doServer, idemServer *httptest.Server
+	httpClient                       *http.Client
 )
 
 // insertOrder is the business write both servers do.
@@ -46,6 +46,26 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 		if rec.status == http.StatusCreated {
 			_ = tx.Commit(r.Context())
 		}
+	}))
+	// The handler calling idem.Do itself, with the header's key and no
+	// fingerprint, recorder or problem responses: what the record costs an
+	// HTTP request, the floor under any middleware.
+	doServer = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, err := idemhttp.ParseKey(r.Header)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		res, err := idem.Do(r.Context(), pool, idem.Key{Scope: "bench-do", ID: key}, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			return insertRow(ctx, tx)
+		}, tableOpt)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(map[string]int64{"id": res.Value})
 	}))
 	mw, err := idemhttp.Middleware(pool, idemhttp.Config{
 		Scope:   func(*http.Request) (string, error) { return "bench", nil },
@@ -95,12 +115,15 @@ func postOrder(ctx context.Context, url, key string) error {
 	return nil
 }
 
-// httpVariants: the same handler with its own bare transaction, behind the
-// middleware with a new key per request, and behind the middleware replaying
-// one key.
+// httpVariants: the same handler with its own bare transaction, calling
+// idem.Do itself, behind the middleware with a new key per request, and
+// behind the middleware replaying one key.
 var httpVariants = []variant{
 	{"bare handler", func(ctx context.Context, _ *pgxpool.Pool, _ idem.Key) error {
 		return postOrder(ctx, bareServer.URL, "")
+	}},
+	{"handler calling Do", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
+		return postOrder(ctx, doServer.URL, key.ID)
 	}},
 	{"middleware", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
 		return postOrder(ctx, idemServer.URL, key.ID)

@@ -19,7 +19,8 @@
 //	inbox       a new message per operation whose handler inserts one row: a bare
 //	            transaction, against the same inside ConsumeOnce
 //	http        a POST whose handler inserts one row: with its own bare transaction,
-//	            behind idemhttp.Middleware with a new key per request, and replaying one key
+//	            calling idem.Do itself (the floor under any middleware), behind
+//	            idemhttp.Middleware with a new key per request, and replaying one key
 //	redis       a sign-up per operation through the Redis recipe of scenario 000
 //	            (SET NX EX claim, business-key check, insert, response SET) against
 //	            the same through idem.Do (Redis at 127.0.0.1:6379)
