@@ -16,7 +16,9 @@ type PurgeOptions struct {
 	// BatchSize is the number of rows one DELETE removes; each batch is its
 	// own statement, so its row locks are held for tens of milliseconds. It
 	// defaults to 10,000 (measured faster, and kinder to concurrent claims,
-	// than 1,000: see the README).
+	// than 1,000: see the README), or to 2,000 when RowsPerSecond is set,
+	// where smaller batches spread the load more evenly (measured: the
+	// claims' p99 rose less).
 	BatchSize int
 	// InboxRetention, when positive, also purges inbox rows consumed longer
 	// ago than that (see PurgeInbox). Zero leaves the inbox alone.
@@ -28,8 +30,8 @@ type PurgeOptions struct {
 	// until the rows deleted so far (records and inbox rows) amount to at
 	// most this many per second since it started, so that a large purge
 	// leaves CPU and WAL bandwidth to the claims running beside it. A batch
-	// itself still runs at full speed; smaller batches spread the load more
-	// evenly. Zero purges as fast as the database allows.
+	// itself still runs at full speed. Zero purges as fast as the database
+	// allows.
 	RowsPerSecond int
 }
 
@@ -75,6 +77,9 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 	}
 	if po.BatchSize == 0 {
 		po.BatchSize = 10_000
+		if po.RowsPerSecond > 0 {
+			po.BatchSize = 2_000
+		}
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {

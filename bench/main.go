@@ -247,7 +247,7 @@ func main() {
 	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
 	chartOut := flag.String("chart", "", "also draw the core suite's throughput against workers (duplicates 0) to this PNG file")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
-	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size")
+	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size (0: Purge's default)")
 	flag.IntVar(&purgeRate, "purge-rate", purgeRate, "the purge suite's PurgeOptions.RowsPerSecond (0: unpaced)")
 	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")

@@ -21,8 +21,9 @@ import (
 // (-purge-rows).
 var purgeRows int64 = 1_000_000
 
-// purgeBatch is the purge suite's PurgeOptions.BatchSize (-purge-batch).
-var purgeBatch = 10_000
+// purgeBatch is the purge suite's PurgeOptions.BatchSize (-purge-batch);
+// zero takes Purge's default (10,000, or 2,000 when paced).
+var purgeBatch = 0
 
 // purgeRate is the purge suite's PurgeOptions.RowsPerSecond (-purge-rate);
 // zero purges as fast as it can.
@@ -97,12 +98,19 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 		fmt.Fprintf(os.Stderr, "  purge workers=%d round %d/%d done\n", workers, r+1, rounds)
 	}
 	var t strings.Builder
+	batch := purgeBatch
+	if batch == 0 { // Purge's default
+		batch = 10_000
+		if purgeRate > 0 {
+			batch = 2_000
+		}
+	}
 	pacing := "unpaced"
 	if purgeRate > 0 {
 		pacing = fmt.Sprintf("paced at %d rows/s", purgeRate)
 	}
 	fmt.Fprintf(&t, "purge: Purge of %d expired records (batches of %d, %s) while %d workers Claim and Complete new keys; %d rounds\n\n",
-		purgeRows, purgeBatch, pacing, workers, rounds)
+		purgeRows, batch, pacing, workers, rounds)
 	fmt.Fprintf(&t, "| measure | median | range |\n|---|---:|---|\n")
 	fmt.Fprintf(&t, "| Claim+Complete ops/s, alone | %.0f | %.0f-%.0f |\n", median(baseTPS), slices.Min(baseTPS), slices.Max(baseTPS))
 	fmt.Fprintf(&t, "| Claim+Complete ops/s, during the purge | %.0f | %.0f-%.0f |\n", median(loadTPS), slices.Min(loadTPS), slices.Max(loadTPS))

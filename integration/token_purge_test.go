@@ -202,6 +202,17 @@ func TestPurgePaced(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.EqualValues(t, 500, n, "one batch, then the pause is cut short")
 
+	// Paced, the batches default to 2,000 rows.
+	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{InboxRetention: 24 * time.Hour}, s.Opt, s.InboxOpt)
+	require.NoError(t, err)
+	fill()
+	batches = nil
+	po = idem.PurgeOptions{RowsPerSecond: 1_000_000, OnBatch: func(n int64) { batches = append(batches, n) }}
+	n, err = idem.Purge(ctx, pool, po, s.Opt)
+	require.NoError(t, err)
+	require.EqualValues(t, 2000, n)
+	require.Equal(t, []int64{2000, 0}, batches)
+
 	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{RowsPerSecond: -1}, s.Opt)
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
