@@ -269,7 +269,7 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	var c common
 	c.register(fs)
 	dryRun := fs.Bool("dry-run", false, "count the records a purge would delete, delete nothing")
-	batch := fs.Int("batch-size", 10_000, "rows deleted per statement")
+	batch := fs.Int("batch-size", 0, "rows deleted per statement; 0 means 10,000, or 2,000 with --rows-per-second")
 	inbox := fs.Duration("inbox-retention", 0, "also delete inbox rows consumed longer ago than this (e.g. 168h); 0 leaves the inbox alone")
 	rate := fs.Int("rows-per-second", 0, "pace the purge to at most this many rows per second, leaving room for live traffic; 0 runs flat out")
 	progress := fs.String("progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), always or never")
@@ -280,8 +280,8 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if len(pos) > 0 {
 		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
 	}
-	if *batch <= 0 || *inbox < 0 || *rate < 0 {
-		return usageError{"--batch-size must be positive, --inbox-retention and --rows-per-second not negative"}
+	if *batch < 0 || *inbox < 0 || *rate < 0 {
+		return usageError{"--batch-size, --inbox-retention and --rows-per-second must not be negative"}
 	}
 	if !slices.Contains([]string{"auto", "always", "never"}, *progress) {
 		return usageError{"--progress must be auto, always or never"}
