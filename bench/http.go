@@ -17,8 +17,8 @@ import (
 )
 
 var (
-	bareServer, doServer, idemServer *httptest.Server
-	httpClient                       *http.Client
+	bareServer, doServer, idemServer, waitServer *httptest.Server
+	httpClient                                   *http.Client
 )
 
 // insertOrder is the business write both servers do.
@@ -74,9 +74,21 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	idemServer = httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		insertOrder(r.Context(), idemhttp.Tx(r.Context()), w)
-	})))
+	})
+	idemServer = httptest.NewServer(mw(handler))
+	// With Wait, a request whose key is in flight waits instead of getting
+	// a 409, and the claim needs no lock_timeout of its own.
+	waitMW, err := idemhttp.Middleware(pool, idemhttp.Config{
+		Scope:   func(*http.Request) (string, error) { return "bench-wait", nil },
+		Wait:    true,
+		Options: []idem.Option{tableOpt},
+	})
+	if err != nil {
+		return err
+	}
+	waitServer = httptest.NewServer(waitMW(handler))
 	httpClient = &http.Client{Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
 	// The replay variant answers every request from this key's record.
 	return postOrder(ctx, idemServer.URL, replayKey)
@@ -116,8 +128,9 @@ func postOrder(ctx context.Context, url, key string) error {
 }
 
 // httpVariants: the same handler with its own bare transaction, calling
-// idem.Do itself, behind the middleware with a new key per request, and
-// behind the middleware replaying one key.
+// idem.Do itself, behind the middleware with a new key per request (by
+// default and with Config.Wait), and behind the middleware replaying one
+// key.
 var httpVariants = []variant{
 	{"bare handler", func(ctx context.Context, _ *pgxpool.Pool, _ idem.Key) error {
 		return postOrder(ctx, bareServer.URL, "")
@@ -127,6 +140,9 @@ var httpVariants = []variant{
 	}},
 	{"middleware", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
 		return postOrder(ctx, idemServer.URL, key.ID)
+	}},
+	{"middleware, Wait", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
+		return postOrder(ctx, waitServer.URL, key.ID)
 	}},
 	{"middleware, replay", func(ctx context.Context, _ *pgxpool.Pool, _ idem.Key) error {
 		return postOrder(ctx, idemServer.URL, replayKey)
