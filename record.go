@@ -135,9 +135,44 @@ type queries struct {
 	complete string
 	// release deletes a processing record whose fn failed.
 	release string
-	// saveLockTimeout / setLockTimeout implement no-wait mode.
-	saveLockTimeout string
-	setLockTimeout  string
+	// claimNoWait and claimIssuedNoWait are claim and claimIssued for
+	// no-wait mode: one statement that gives the claim a lock_timeout of
+	// noWaitLockTimeout and puts the previous value back when it ends.
+	claimNoWait, claimIssuedNoWait string
+}
+
+// noWaitLockTimeout is the lock_timeout under which a no-wait claim gives up
+// on a key held by an uncommitted transaction. It is not shorter because the
+// claim's INSERT also takes short-lived locks that have nothing to do with
+// the key (extending the table under concurrent inserts), and a 1ms timeout
+// turned those into spurious ErrInProgress answers for new keys.
+const noWaitLockTimeout = "50ms"
+
+// claimColumns name what the claim statements return (scanTargets(true)).
+const claimColumns = `claimed, attempt, status, fingerprint, response, expired, leased, lease_live`
+
+// noWait wraps a claim (an INSERT or UPDATE that reads its values from
+// idem_prev) into one statement that runs it under a transaction-local
+// lock_timeout of noWaitLockTimeout and then restores the caller's value, so
+// that no-wait mode costs no round trip of its own. The order is fixed by
+// data dependencies, not by the planner's choices: the claim reads idem_prev,
+// whose row is computed by the set_config that lowers the timeout; the
+// restoring set_config is computed for a row of a join that must read the
+// claim's output first (a nested loop, the only join ON true allows, with
+// the claim on its inner side); and the final SELECT reads the claim's rows
+// through a LATERAL reference to that restored row. If the claim fails (the
+// timeout, or any error), the statement fails and the transaction or
+// savepoint that is rolled back undoes the setting too.
+func noWait(claim string) string {
+	return `WITH idem_prev AS MATERIALIZED (
+	SELECT current_setting('lock_timeout') AS idem_lock_timeout,
+		set_config('lock_timeout', '` + noWaitLockTimeout + `', true) AS idem_claim_timeout),
+idem_claim (` + claimColumns + `) AS (
+` + claim + `),
+idem_restored AS MATERIALIZED (
+	SELECT set_config('lock_timeout', p.idem_lock_timeout, true) AS idem_timeout
+	FROM idem_prev p LEFT JOIN idem_claim ON true)
+SELECT c.* FROM idem_restored r, LATERAL (SELECT * FROM idem_claim WHERE r.idem_timeout IS NOT NULL) c`
 }
 
 // purgeable is the condition of a record Purge deletes, which CountExpired
@@ -200,16 +235,26 @@ func buildQueries(t string) *queries {
 	// takeable mirrors record.takeable.
 	const takeable = `((locked_until IS NULL OR locked_until <= clock_timestamp())
 	AND (expires_at <= clock_timestamp() OR status IN ('issued', 'processing')))`
-	return &queries{
-		table: t,
-		claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
-	VALUES ($1, $2, $3, 'processing', 1, now(), now(), ` + ttlExpr + `)
+	// The claims, with the clause that makes the no-wait form read its
+	// values from idem_prev (see noWait).
+	const claimReturning = `RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false`
+	claim := func(from string) string {
+		return `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
+	SELECT $1::text, $2::text, $3::bytea, 'processing', 1, now(), now(), ` + ttlExpr + from + `
 	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false`,
-
-		claimIssued: `UPDATE ` + t + ` SET ` + takeoverSet + `
+	` + claimReturning
+	}
+	claimIssued := func(from string) string {
+		return `UPDATE ` + t + ` SET ` + takeoverSet + from + `
 WHERE scope = $1 AND key = $2 AND status = 'issued' AND expires_at > clock_timestamp()
-RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false`,
+` + claimReturning
+	}
+	return &queries{
+		table:             t,
+		claim:             claim(""),
+		claimNoWait:       noWait(claim(" FROM idem_prev")),
+		claimIssued:       claimIssued(""),
+		claimIssuedNoWait: noWait(claimIssued(" FROM idem_prev")),
 
 		issue: `INSERT INTO ` + t + ` (scope, key, status, attempt, created_at, updated_at, expires_at)
 	VALUES ($1, $2, 'issued', 0, now(), now(), clock_timestamp() + $3::bigint * interval '1 microsecond')`,
@@ -282,9 +327,6 @@ SELECT CASE WHEN count(*) = 1 THEN 1
 FROM done`,
 
 		release: `DELETE FROM ` + t + ` WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
-
-		saveLockTimeout: `SELECT current_setting('lock_timeout')`,
-		setLockTimeout:  `SELECT set_config('lock_timeout', $1, true)`,
 	}
 }
 

@@ -51,13 +51,6 @@ const (
 	spClaim = "idem_claim"
 )
 
-// noWaitLockTimeout is the lock_timeout under which a no-wait claim gives up
-// on a key held by an uncommitted transaction. It is not shorter because the
-// claim's INSERT also takes short-lived locks that have nothing to do with
-// the key (extending the table under concurrent inserts), and a 1ms timeout
-// turned those into spurious ErrInProgress answers for new keys.
-const noWaitLockTimeout = "50ms"
-
 // WithIdempotency runs fn at most once per key inside the caller's
 // transaction tx, and records fn's result in the same transaction.
 //
@@ -195,8 +188,7 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 // all as WithIdempotency describes. On a *pgxpool.Pool or *pgx.Conn it
 // pipelines BEGIN with the claim and the completion with COMMIT, so a first
 // execution costs the round trips of a bare transaction that runs fn's
-// statements (one more with NoWait, to restore lock_timeout); a replay costs
-// two. When db is a pgx.Tx, Do works in a savepoint of it and leaves
+// statements; a replay costs two. When db is a pgx.Tx, Do works in a savepoint of it and leaves
 // serialization failures to the enclosing transaction's owner.
 //
 // Serialization failures (40001) and deadlocks (40P01) are retried with
@@ -529,17 +521,21 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 	if begin != nil {
 		b.BeginTx(begin.opts)
 	}
-	var oldTimeout string
-	if c.cfg.noWait {
-		if begin == nil {
-			b.Queue("SAVEPOINT " + spClaim)
-		}
-		b.Queue(c.q.saveLockTimeout).QueryRow(func(r pgx.Row) error { return r.Scan(&oldTimeout) })
-		b.Queue(c.q.setLockTimeout, noWaitLockTimeout)
-	}
+	// In no-wait mode the claim is one statement that lowers lock_timeout
+	// and restores it (queries.claimNoWait); in the caller's transaction it
+	// runs in savepoint spClaim, so that a claim that times out leaves the
+	// transaction usable.
 	claimSQL := c.q.claim
-	if c.cfg.requireIssued {
+	switch {
+	case c.cfg.noWait && c.cfg.requireIssued:
+		claimSQL = c.q.claimIssuedNoWait
+	case c.cfg.noWait:
+		claimSQL = c.q.claimNoWait
+	case c.cfg.requireIssued:
 		claimSQL = c.q.claimIssued
+	}
+	if c.cfg.noWait && begin == nil {
+		b.Queue("SAVEPOINT " + spClaim)
 	}
 	b.Queue(claimSQL, c.claimArgs()...).QueryRow(func(r pgx.Row) error {
 		err := r.Scan(rec.scanTargets(true)...)
@@ -549,7 +545,10 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 		found = err == nil
 		return err
 	})
-	if c.savepoint && !c.cfg.noWait {
+	if c.cfg.noWait && begin == nil {
+		b.Queue("RELEASE SAVEPOINT " + spClaim)
+	}
+	if c.savepoint {
 		b.Queue("SAVEPOINT " + spFn)
 	}
 
@@ -576,18 +575,10 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 		return rec, false, err
 	}
 
-	// Second round trip when needed: restore lock_timeout, settle the
-	// savepoints, read a record committed while the claim waited.
+	// Second round trip when the key was not claimed: settle the savepoint,
+	// read a record committed while the claim waited.
 	b = &pgx.Batch{}
-	if c.cfg.noWait {
-		b.Queue(c.q.setLockTimeout, oldTimeout)
-		if begin == nil {
-			b.Queue("RELEASE SAVEPOINT " + spClaim)
-		}
-		if rec.claimed && c.savepoint {
-			b.Queue("SAVEPOINT " + spFn)
-		}
-	} else if !rec.claimed && c.savepoint {
+	if !rec.claimed && c.savepoint {
 		b.Queue("RELEASE SAVEPOINT " + spFn)
 	}
 	if !rec.claimed && !found {

@@ -115,6 +115,54 @@ func TestIssuedTokens(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrInvalidKey)
 }
 
+// A token in flight in no-wait mode: the claim of a held token gives up at
+// once with ErrInProgress and leaves the caller's transaction and its
+// lock_timeout as they were; a new token is claimed; once the holder
+// commits, the token replays.
+func TestIssuedTokenNoWait(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	c := &counter{s: s}
+	ctx := context.Background()
+	opts := []idem.Option{s.Opt, idem.RequireIssued(), idem.NoWait()}
+	issue := func() idem.Key {
+		token, err := idem.IssueToken(ctx, pool, "user:1", time.Hour, s.Opt)
+		require.NoError(t, err)
+		return idem.Key{Scope: "user:1", ID: token}
+	}
+	held, fresh := issue(), issue()
+
+	txA, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer txA.Rollback(ctx) //nolint:errcheck
+	first, err := idem.WithIdempotency(ctx, txA, held, c.fn(held), opts...)
+	require.NoError(t, err)
+
+	txB, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer txB.Rollback(ctx) //nolint:errcheck
+	_, err = txB.Exec(ctx, "SET LOCAL lock_timeout = '7s'")
+	require.NoError(t, err)
+	started := time.Now()
+	_, err = idem.WithIdempotency(ctx, txB, held, c.fn(held), opts...)
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Less(t, time.Since(started), 5*time.Second, "no-wait must not wait for the held token")
+	require.Equal(t, "7s", show(t, txB, "lock_timeout"))
+	res, err := idem.WithIdempotency(ctx, txB, fresh, c.fn(fresh), opts...)
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, "7s", show(t, txB, "lock_timeout"))
+	require.NoError(t, txB.Commit(ctx))
+
+	require.NoError(t, txA.Commit(ctx))
+	res, err = idem.Do(ctx, pool, held, c.fn(held), opts...)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, first.Value, res.Value)
+	require.Equal(t, 1, s.CountEffects(t, pool, held))
+	require.Equal(t, 1, s.CountEffects(t, pool, fresh))
+}
+
 func TestPurge(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
