@@ -56,7 +56,9 @@ func WithTTL(ttl time.Duration) Option {
 // committed yet return ErrInProgress (an HTTP 409) after at most 50ms,
 // instead of waiting for that transaction to finish and replaying its
 // result. The caller's transaction stays usable and its lock_timeout is left
-// as it was. By default the call waits.
+// as it was. Only the wait for the key's holder is bounded: a lock on the
+// whole record table (DDL, LOCK TABLE) is waited for under the caller's
+// lock_timeout. By default the call waits.
 func NoWait() Option {
 	return func(c *config) { c.noWait = true }
 }

@@ -157,12 +157,15 @@ const claimColumns = `claimed, attempt, status, fingerprint, response, expired, 
 // that no-wait mode costs no round trip of its own. The order is fixed by
 // data dependencies, not by the planner's choices: the claim reads idem_prev,
 // whose row is computed by the set_config that lowers the timeout; the
-// restoring set_config is computed for a row of a join that must read the
-// claim's output first (a nested loop, the only join ON true allows, with
-// the claim on its inner side); and the final SELECT reads the claim's rows
-// through a LATERAL reference to that restored row. If the claim fails (the
-// timeout, or any error), the statement fails and the transaction or
-// savepoint that is rolled back undoes the setting too.
+// restoring set_config is computed for the one row of a join that must read
+// the claim's output first (a nested loop, the only join ON true allows, with
+// the claim on its inner side); and the statement's result is read from that
+// row alone, so no join order can skip the restore when the claim returns
+// nothing. If the claim fails (the timeout, or any error), the statement
+// fails and the transaction or savepoint that is rolled back undoes the
+// setting too. The timeout covers the wait for the key's holder; the table
+// lock the statement takes before it runs is waited for under the caller's
+// lock_timeout.
 func noWait(claim string) string {
 	return `WITH idem_prev AS MATERIALIZED (
 	SELECT current_setting('lock_timeout') AS idem_lock_timeout,
@@ -170,9 +173,9 @@ func noWait(claim string) string {
 idem_claim (` + claimColumns + `) AS (
 ` + claim + `),
 idem_restored AS MATERIALIZED (
-	SELECT set_config('lock_timeout', p.idem_lock_timeout, true) AS idem_timeout
-	FROM idem_prev p LEFT JOIN idem_claim ON true)
-SELECT c.* FROM idem_restored r, LATERAL (SELECT * FROM idem_claim WHERE r.idem_timeout IS NOT NULL) c`
+	SELECT set_config('lock_timeout', p.idem_lock_timeout, true) AS idem_timeout, c.*
+	FROM idem_prev p LEFT JOIN idem_claim c ON true)
+SELECT ` + claimColumns + ` FROM idem_restored WHERE claimed`
 }
 
 // purgeable is the condition of a record Purge deletes, which CountExpired

@@ -442,6 +442,12 @@ func TestCallerTxHygieneOnEveryPath(t *testing.T) {
 				opts := []idem.Option{s.Opt}
 				if noWait {
 					opts = append(opts, idem.NoWait())
+					// Another join order for the planner to consider: the
+					// no-wait claim must restore lock_timeout whatever it
+					// picks (geqo_threshold = 2 once made it skip the
+					// restore for a key that was not claimed).
+					_, err = tx.Exec(ctx, "SET LOCAL geqo_threshold = 2")
+					require.NoError(t, err)
 				}
 				require.NoError(t, call(tx, opts...))
 				require.Equal(t, "4s", show(t, tx, "lock_timeout"))
