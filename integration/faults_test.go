@@ -40,7 +40,7 @@ func (tr *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndDat
 
 // TestDoCostsTheRoundTripsOfABareTransaction checks the pipelining: a first
 // execution through Do takes as many round trips as BEGIN, one INSERT and
-// COMMIT sent one by one.
+// COMMIT sent one by one, with NoWait too.
 func TestDoCostsTheRoundTripsOfABareTransaction(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
@@ -80,6 +80,21 @@ func TestDoCostsTheRoundTripsOfABareTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
 	require.EqualValues(t, 2, tr.trips.Load(), "a replay costs two round trips")
+
+	// NoWait costs nothing more: the claim lowers lock_timeout and puts it
+	// back in its one statement.
+	_, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "warm-nowait"}, insert, s.Opt, idem.NoWait())
+	require.NoError(t, err)
+	tr.trips.Store(0)
+	res, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "k2"}, insert, s.Opt, idem.NoWait())
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, bareTrips, tr.trips.Load(), "a first execution with NoWait costs what a bare transaction costs")
+	tr.trips.Store(0)
+	res, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "k2"}, insert, s.Opt, idem.NoWait())
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.EqualValues(t, 2, tr.trips.Load(), "a replay with NoWait costs two round trips")
 }
 
 // TestCompletionIsAHOTUpdate checks that the fillfactor and the choice of
