@@ -33,7 +33,8 @@
 //	            10,000,000 records (-table-sizes), one table per size, in interleaved
 //	            rounds; the process's peak memory
 //	purge       Claim+Complete throughput and p99 alone, then while Purge deletes
-//	            1,000,000 expired records (-purge-rows); the purge rate
+//	            1,000,000 expired records (-purge-rows), paced at -purge-rate rows/s
+//	            (250,000; 0 runs it flat out); the purge rate
 //
 // Rounds rotate the order of the variants, and the report gives each
 // variant's median throughput and the median of its per-round ratios to the
