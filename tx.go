@@ -188,8 +188,9 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 // all as WithIdempotency describes. On a *pgxpool.Pool or *pgx.Conn it
 // pipelines BEGIN with the claim and the completion with COMMIT, so a first
 // execution costs the round trips of a bare transaction that runs fn's
-// statements; a replay costs two. When db is a pgx.Tx, Do works in a savepoint of it and leaves
-// serialization failures to the enclosing transaction's owner.
+// statements; a replay costs two. When db is a pgx.Tx, Do works in a
+// savepoint of it and leaves serialization failures to the enclosing
+// transaction's owner.
 //
 // Serialization failures (40001) and deadlocks (40P01) are retried with
 // jittered exponential backoff (WithRetry), which then usually replays the

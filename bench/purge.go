@@ -22,7 +22,7 @@ import (
 var purgeRows int64 = 1_000_000
 
 // purgeBatch is the purge suite's PurgeOptions.BatchSize (-purge-batch);
-// zero takes Purge's default (10,000, or 2,000 when paced).
+// zero takes Purge's default. The report gives the size Purge used.
 var purgeBatch = 0
 
 // purgeRate is the purge suite's PurgeOptions.RowsPerSecond (-purge-rate);
@@ -50,6 +50,7 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 	var (
 		baseTPS, loadTPS, rates, p99Ratios []float64
 		baseP99, loadP99                   []time.Duration
+		batch                              int64 // the largest batch Purge deleted
 	)
 	for r := range rounds {
 		if _, err := pool.Exec(ctx, `INSERT INTO idem_bench.idempotent_record (scope, key, fingerprint, status, response, expires_at)
@@ -73,7 +74,10 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 		wg.Go(func() {
 			defer close(stop)
 			started := time.Now()
-			n, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: purgeBatch, RowsPerSecond: purgeRate}, tableOpt)
+			po := idem.PurgeOptions{BatchSize: purgeBatch, RowsPerSecond: purgeRate, OnBatch: func(n int64) {
+				batch = max(batch, n) // the batch size Purge used: the first batch is full
+			}}
+			n, err := idem.Purge(ctx, pool, po, tableOpt)
 			purgeTime = time.Since(started)
 			purged.Store(n)
 			purgeErr = err
@@ -98,13 +102,6 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 		fmt.Fprintf(os.Stderr, "  purge workers=%d round %d/%d done\n", workers, r+1, rounds)
 	}
 	var t strings.Builder
-	batch := purgeBatch
-	if batch == 0 { // Purge's default
-		batch = 10_000
-		if purgeRate > 0 {
-			batch = 2_000
-		}
-	}
 	pacing := "unpaced"
 	if purgeRate > 0 {
 		pacing = fmt.Sprintf("paced at %d rows/s", purgeRate)
