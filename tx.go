@@ -148,10 +148,7 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		}
 		// The savepoint is released after the completion, so that a failed
 		// completion can still be undone with it.
-		b := &pgx.Batch{}
-		b.Queue(c.q.complete, key.Scope, key.ID, StatusSucceeded, data, rec.attempt)
-		b.Queue("RELEASE SAVEPOINT " + spFn)
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if err := c.complete(ctx, StatusSucceeded, data, rec.attempt, "RELEASE SAVEPOINT "+spFn); err != nil {
 			// Undo fn's writes too, so that a caller who commits anyway
 			// cannot commit them without their record.
 			return zero, errors.Join(fmt.Errorf("idem: recording the result: %w", err), c.abandon(ctx, rec.attempt))
@@ -163,10 +160,7 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		// savepoint aborted, where nothing else can be prepared.
 		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn)
 		if err == nil {
-			b := &pgx.Batch{}
-			b.Queue(c.q.complete, key.Scope, key.ID, StatusFailed, failureMessage(cfg, fnErr), rec.attempt)
-			b.Queue("RELEASE SAVEPOINT " + spFn)
-			err = tx.SendBatch(ctx, b).Close()
+			err = c.complete(ctx, StatusFailed, failureMessage(cfg, fnErr), rec.attempt, "RELEASE SAVEPOINT "+spFn)
 		}
 		if err != nil {
 			// Not recorded: this must not look like a recorded business
@@ -362,15 +356,14 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	if conn.IsClosed() {
 		return Result[T]{}, fmt.Errorf("idem: connection closed before commit: %w", pgconn.ErrConnClosed)
 	}
-	b := &pgx.Batch{}
-	b.Queue(c.q.complete, key.Scope, key.ID, status, data, rec.attempt)
-	commit := b.Queue(cmp.Or(cfg.txOptions.CommitQuery, "COMMIT"))
-	var tag pgconn.CommandTag
-	commit.Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	w := newBatch(tx)
+	defer w.free()
+	w.queue(ctx, c.q.complete, nil, false, argString(key.Scope), argString(key.ID), argString(status), argBytes(data), argInt(int64(rec.attempt)))
+	w.queue(ctx, cmp.Or(cfg.txOptions.CommitQuery, "COMMIT"), nil, false)
+	if err := w.exec(ctx); err != nil {
 		return Result[T]{}, commitError(err)
 	}
-	if tag.String() == "ROLLBACK" {
+	if w.tag.String() == "ROLLBACK" {
 		return Result[T]{}, fmt.Errorf("idem: commit: %w", pgx.ErrTxCommitRollback)
 	}
 	if status == StatusFailed {
@@ -518,10 +511,13 @@ func (c *claimer) claimArgs() []any {
 // uncommitted holder to finish), the record is read in the next round trip.
 // found is false only when the record vanished in between.
 func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found bool, err error) {
-	b := &pgx.Batch{}
+	var w *wireBatch
 	if begin != nil {
-		b.BeginTx(begin.opts)
+		w = newBeginBatch(begin)
+	} else {
+		w = newBatch(c.tx)
 	}
+	defer w.free()
 	// In no-wait mode the claim is one statement that lowers lock_timeout
 	// and restores it (queries.claimNoWait); in the caller's transaction it
 	// runs in savepoint spClaim, so that a claim that times out leaves the
@@ -536,31 +532,22 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 		claimSQL = c.q.claimIssued
 	}
 	if c.cfg.noWait && begin == nil {
-		b.Queue("SAVEPOINT " + spClaim)
+		w.queue(ctx, "SAVEPOINT "+spClaim, nil, false)
 	}
-	b.Queue(claimSQL, c.claimArgs()...).QueryRow(func(r pgx.Row) error {
-		err := r.Scan(rec.scanTargets(true)...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		found = err == nil
-		return err
-	})
+	claimAt := w.len()
+	w.queue(ctx, claimSQL, &rec, true, argString(c.key.Scope), argString(c.key.ID),
+		argBytes(nonNilFingerprint(c.key.Fingerprint)), argInt(c.cfg.ttl.Microseconds()))
 	if c.cfg.noWait && begin == nil {
-		b.Queue("RELEASE SAVEPOINT " + spClaim)
+		w.queue(ctx, "RELEASE SAVEPOINT "+spClaim, nil, false)
 	}
 	if c.savepoint {
-		b.Queue("SAVEPOINT " + spFn)
+		w.queue(ctx, "SAVEPOINT "+spFn, nil, false)
 	}
-
-	var br pgx.BatchResults
+	err = w.exec(ctx)
 	if begin != nil {
-		br = begin.conn.SendBatch(ctx, b)
-		c.tx = br.Tx()
-	} else {
-		br = c.tx.SendBatch(ctx, b)
+		c.tx = w.began
 	}
-	if err = br.Close(); err != nil {
+	if err != nil {
 		if c.cfg.noWait && pgCode(err) == sqlstateLockNotAvailable {
 			if begin == nil {
 				// Undo the claim attempt and the lock_timeout change together.
@@ -575,45 +562,54 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 		// lock_timeout ended the wait for the key's holder.
 		return rec, false, err
 	}
+	if w.found[claimAt] && !rec.claimed {
+		return rec, false, fmt.Errorf("idem: internal error: the claim returned a row without claiming")
+	}
+	if rec.claimed {
+		return rec, true, nil
+	}
 
 	// Second round trip when the key was not claimed: settle the savepoint,
-	// read a record committed while the claim waited.
-	b = &pgx.Batch{}
-	if !rec.claimed && c.savepoint {
-		b.Queue("RELEASE SAVEPOINT " + spFn)
+	// read a record committed while the claim waited, and (Do) end the
+	// transaction.
+	w2 := newBatch(c.tx)
+	defer w2.free()
+	if c.savepoint {
+		w2.queue(ctx, "RELEASE SAVEPOINT "+spFn, nil, false)
 	}
-	if !rec.claimed && !found {
-		c.queueRead(b, &rec, &found)
-		if c.endOnReplay {
-			b.Queue("ROLLBACK")
-			c.ended = true
-		}
+	readAt := w2.len()
+	c.queueRead(ctx, w2, &rec)
+	if c.endOnReplay {
+		w2.queue(ctx, "ROLLBACK", nil, false)
+		c.ended = true
 	}
-	if b.Len() > 0 {
-		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
-			return rec, false, err
-		}
+	if err := w2.exec(ctx); err != nil {
+		return rec, false, err
 	}
-	return rec, found || rec.claimed, nil
+	return rec, w2.found[readAt], nil
 }
 
-func (c *claimer) queueRead(b *pgx.Batch, rec *record, found *bool) {
-	b.Queue(c.q.read, c.key.Scope, c.key.ID).QueryRow(func(r pgx.Row) error {
-		err := r.Scan(rec.scanTargets(false)...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			*found = false
-			return nil
-		}
-		*found = err == nil
-		return err
-	})
+// queueRead queues the read of c.key's record into rec.
+func (c *claimer) queueRead(ctx context.Context, w *wireBatch, rec *record) {
+	w.queue(ctx, c.q.read, rec, false, argString(c.key.Scope), argString(c.key.ID))
 }
 
 func (c *claimer) read(ctx context.Context) (rec record, found bool, err error) {
-	b := &pgx.Batch{}
-	c.queueRead(b, &rec, &found)
-	err = c.tx.SendBatch(ctx, b).Close()
-	return rec, found, err
+	w := newBatch(c.tx)
+	defer w.free()
+	c.queueRead(ctx, w, &rec)
+	err = w.exec(ctx)
+	return rec, w.found[0], err
+}
+
+// complete records the outcome of the claimed execution, and runs then, a
+// statement without parameters, in the same round trip.
+func (c *claimer) complete(ctx context.Context, status string, data []byte, attempt int32, then string) error {
+	w := newBatch(c.tx)
+	defer w.free()
+	w.queue(ctx, c.q.complete, nil, false, argString(c.key.Scope), argString(c.key.ID), argString(status), argBytes(data), argInt(int64(attempt)))
+	w.queue(ctx, then, nil, false)
+	return w.exec(ctx)
 }
 
 // takeover re-claims an expired or orphaned record. It reports false when the
