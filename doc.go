@@ -57,5 +57,18 @@
 // Idempotency-Key HTTP middleware and a retrying client transport. Every
 // decision about time (TTLs, leases) uses the database clock.
 //
+// How statements travel: on a *pgxpool.Pool or *pgx.Conn in pgx's default
+// query mode (QueryExecModeCacheStatement) with no tracer configured, the
+// claim, the completion and the statements around them go below pgx.Batch,
+// as pgconn batches of statements prepared with Conn.Prepare (one round trip
+// each, as pgx.Batch would take, with about a third of the allocations).
+// With a pgx tracer (ConnConfig.Tracer) they go through pgx.Batch, so the
+// tracer sees every statement; in the other query modes, which poolers
+// such as PgBouncer before 1.21 need, they go through pgx.Batch too and idem
+// prepares no statement. A prepared statement the server dropped behind
+// pgx's back (DISCARD ALL) fails the call that meets it with SQLSTATE 26000;
+// idem then forgets its statements on that connection, and the next call
+// prepares them again.
+//
 // The Example functions are programs that run against PostgreSQL.
 package idem
