@@ -125,10 +125,13 @@ type wireBatch struct {
 	n    int   // statements queued
 	err  error // the first error while queuing
 
+	// tx is the transaction the statements belong to. Below pgx.Batch,
+	// each statement is prepared through it, which fails with ErrTxClosed
+	// once tx has ended: its connection may belong to someone else by then.
+	tx pgx.Tx
 	// Through pgx.Batch: sent on tx, or on begin.conn after BEGIN, leaving
 	// the transaction begun in began.
 	pb    *pgx.Batch
-	tx    pgx.Tx
 	begin *beginOn
 	began pgx.Tx
 
@@ -152,8 +155,9 @@ var wirePool = sync.Pool{New: func() any { return new(wireBatch) }}
 // newBatch returns a batch of statements for tx.
 func newBatch(tx pgx.Tx) *wireBatch {
 	w := wirePool.Get().(*wireBatch)
+	w.tx = tx
 	if w.conn, w.st = wireConn(tx); w.conn == nil {
-		w.tx, w.pb = tx, &pgx.Batch{}
+		w.pb = &pgx.Batch{}
 	}
 	return w
 }
@@ -196,8 +200,11 @@ func (w *wireBatch) queue(ctx context.Context, sql string, dst *record, withClai
 	}
 	// Named after its own text (pgx's convention for name == sql): pgx
 	// keeps it with the connection, forgets it on Deallocate and
-	// DeallocateAll, and prepares it again after that.
-	sd, err := w.conn.Prepare(ctx, sql, sql)
+	// DeallocateAll, and prepares it again after that. Prepared through
+	// tx, which refuses once it has ended (as SendBatch would), and
+	// otherwise costs a map lookup, or a round trip the first time on a
+	// connection.
+	sd, err := w.tx.Prepare(ctx, sql, sql)
 	if err != nil {
 		w.err = err
 		return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -251,4 +252,48 @@ func TestStatementsPreparedAgainAfterDiscard(t *testing.T) {
 	res, err = call("a")
 	require.NoError(t, err)
 	require.Equal(t, idem.Result[int]{Value: 7, Replayed: true}, res)
+}
+
+// TestEndedTransactionsAreRefused checks that a transaction that has ended
+// (committed, a released savepoint, a pool transaction whose connection
+// went back to the pool and to another caller) gets pgx.ErrTxClosed on both
+// paths, and that nothing reaches the connection's new owner.
+func TestEndedTransactionsAreRefused(t *testing.T) {
+	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+	s := pgtest.NewSchema(t, pgtest.Pool(t))
+	ctx := context.Background()
+	fn := func(context.Context, pgx.Tx) (int, error) { return 7, nil }
+	for _, throughPgx := range []bool{false, true} {
+		knobs.PgxBatch.Store(throughPgx)
+		prefix := strconv.FormatBool(throughPgx) + "-"
+
+		conn := pgtest.Conn(t)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		_, err = idem.WithIdempotency(ctx, tx, idem.Key{Scope: "s", ID: prefix + "committed"}, fn, s.Opt)
+		require.ErrorIs(t, err, pgx.ErrTxClosed, "a committed transaction")
+
+		tx, err = conn.Begin(ctx)
+		require.NoError(t, err)
+		sp, err := tx.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, sp.Commit(ctx))
+		_, err = idem.WithIdempotency(ctx, sp, idem.Key{Scope: "s", ID: prefix + "released"}, fn, s.Opt)
+		require.ErrorIs(t, err, pgx.ErrTxClosed, "a released savepoint")
+		require.NoError(t, tx.Commit(ctx))
+
+		stale, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, stale.Commit(ctx))
+		other, err := pool.Begin(ctx) // the same connection, another owner
+		require.NoError(t, err)
+		_, err = idem.WithIdempotency(ctx, stale, idem.Key{Scope: "s", ID: prefix + "stale"}, fn, s.Opt)
+		require.ErrorIs(t, err, pgx.ErrTxClosed, "a pool transaction after its commit")
+		require.NoError(t, other.Commit(ctx))
+	}
+	knobs.PgxBatch.Store(false)
+	var records int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+s.Records).Scan(&records))
+	require.Zero(t, records, "no record reached a transaction that had ended, nor the connection's next owner")
 }
