@@ -12,7 +12,10 @@
 //	                             with pgx and no library logic: what the record costs the database
 //	            Do               idem.Do: BEGIN+claim pipelined, INSERT, completion+COMMIT pipelined
 //	            Do/end-only      idem.Do with BEGIN sent on its own (only the end pipelined)
+//	            Do/pgx.Batch     idem.Do with its statements sent through pgx.Batch, as on a
+//	                             connection with a tracer, instead of below it
 //	            WithIdempotency  BEGIN; idem.WithIdempotency (claim, savepoint, INSERT, completion); COMMIT
+//	            WithIdempotency/pgx.Batch  the same through pgx.Batch
 //	transition  PENDING -> PAID on a fresh row per operation:
 //	            hand-written UPDATE ... WHERE id = $1 AND status = 'PENDING' with a row-count
 //	            check, against StateMachine.Transition
@@ -131,17 +134,24 @@ var coreVariants = []variant{
 		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
 		return err
 	}},
-	{"WithIdempotency", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck
-		if _, err := idem.WithIdempotency(ctx, tx, key, insertRow, tableOpt); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
+	{"Do/pgx.Batch", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
+		return err
 	}},
+	{"WithIdempotency", withIdempotencyInsert},
+	{"WithIdempotency/pgx.Batch", withIdempotencyInsert},
+}
+
+func withIdempotencyInsert(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := idem.WithIdempotency(ctx, tx, key, insertRow, tableOpt); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // sqlModel sends the statements Do sends, pipelined the same way, with no
@@ -206,6 +216,8 @@ var (
 func measure(ctx context.Context, pool *pgxpool.Pool, v variant, workers int, d time.Duration) (sample, error) {
 	knobs.UnpipelinedBegin.Store(v.name == "Do/end-only")
 	defer knobs.UnpipelinedBegin.Store(false)
+	knobs.PgxBatch.Store(strings.HasSuffix(v.name, "/pgx.Batch"))
+	defer knobs.PgxBatch.Store(false)
 	stop := make(chan struct{})
 	t := time.AfterFunc(d, func() { close(stop) })
 	defer t.Stop()

@@ -129,14 +129,8 @@ func recipe(ctx context.Context, pool *pgxpool.Pool, user int64, key string, los
 // through idem.Do, and a bare transaction for reference.
 var redisVariants = []variant{
 	{"redis recipe", redisRecipe},
-	{"Do", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-		user := signupUser.Add(1)
-		_, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (map[string]any, error) {
-			id, err := insertSignup(ctx, tx, user)
-			return map[string]any{"ok": true, "orderId": id}, err
-		}, tableOpt)
-		return err
-	}},
+	{"Do", signupDo},
+	{"Do/pgx.Batch", signupDo},
 	{"bare transaction", func(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -148,4 +142,14 @@ var redisVariants = []variant{
 		}
 		return tx.Commit(ctx)
 	}},
+}
+
+// signupDo is a sign-up through idem.Do.
+func signupDo(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+	user := signupUser.Add(1)
+	_, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (map[string]any, error) {
+		id, err := insertSignup(ctx, tx, user)
+		return map[string]any{"ok": true, "orderId": id}, err
+	}, tableOpt)
+	return err
 }
