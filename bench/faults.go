@@ -62,8 +62,6 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 	}
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(portNum)
 	cfg.ConnConfig.Fallbacks = nil
-	// The SQL text travels with every execution, so the proxy sees COMMIT.
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	cut, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return "", err

@@ -180,7 +180,10 @@ func TestRecordVanishingAfterTheConflictIsClaimedAgain(t *testing.T) {
 
 // TestConnectionLostDuringCommit cuts the connection while COMMIT is in
 // flight: Do must say the outcome is unknown, and a retry with the same key
-// must settle it with exactly one effect.
+// must settle it with exactly one effect. It runs in pgx's default mode,
+// where the completion and COMMIT go below pgx.Batch as prepared statements,
+// and in QueryExecModeExec, where they go through pgx.Batch; with the COMMIT
+// forwarded first (it commits) and dropped (it rolls back).
 func TestConnectionLostDuringCommit(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
@@ -188,31 +191,46 @@ func TestConnectionLostDuringCommit(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(proxy.Close)
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(proxy.URL())
-	require.NoError(t, err)
-	// Send the SQL text with every execution so the proxy can see COMMIT.
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		for _, dropped := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/dropped=%v", mode, dropped), func(t *testing.T) {
+				cfg, err := pgx.ParseConfig(proxy.URL())
+				require.NoError(t, err)
+				cfg.DefaultQueryExecMode = mode
+				conn, err := pgx.ConnectConfig(ctx, cfg)
+				require.NoError(t, err)
+				defer conn.Close(ctx)
 
-	c := &counter{s: s}
-	key := newKey(t)
-	proxy.SetCutRate(1)
-	_, err = idem.Do(ctx, conn, key, c.fn(key), s.Opt)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	require.EqualValues(t, 1, proxy.Cuts())
-	proxy.SetCutRate(0)
+				c := &counter{s: s}
+				// Prepare the statements on this connection first: preparing a
+				// COMMIT is not committing, and is never cut.
+				warm := idem.Key{Scope: "user-1", ID: t.Name() + "/warm"}
+				_, err = idem.Do(ctx, conn, warm, c.fn(warm), s.Opt)
+				require.NoError(t, err)
 
-	res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt)
-	require.NoError(t, err)
-	require.Equal(t, 1, s.CountEffects(t, pool, key), "the retry settles on exactly one effect")
-	if res.Replayed {
-		require.EqualValues(t, 1, c.runs.Load(), "the cut COMMIT had committed: the retry replays")
-	} else {
-		require.EqualValues(t, 2, c.runs.Load(), "the cut COMMIT had not committed: the retry runs fn")
+				key := newKey(t)
+				before := proxy.Cuts()
+				proxy.SetDropRate(map[bool]float64{false: 0, true: 1}[dropped])
+				proxy.SetCutRate(1)
+				_, err = idem.Do(ctx, conn, key, c.fn(key), s.Opt)
+				proxy.SetCutRate(0)
+				require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+				require.EqualValues(t, 1, proxy.Cuts()-before)
+
+				runs := c.runs.Load()
+				res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt)
+				require.NoError(t, err)
+				require.Equal(t, 1, s.CountEffects(t, pool, key), "the retry settles on exactly one effect")
+				if dropped {
+					require.False(t, res.Replayed, "the dropped COMMIT rolled back: the retry runs fn")
+					require.EqualValues(t, runs+1, c.runs.Load())
+				} else {
+					require.True(t, res.Replayed, "the forwarded COMMIT committed: the retry replays")
+					require.EqualValues(t, runs, c.runs.Load())
+				}
+			})
+		}
 	}
-	t.Logf("after the cut, the retry replayed: %v", res.Replayed)
 }
 
 // TestErrorsMatchSentinels keeps the wrapped errors usable with errors.Is.

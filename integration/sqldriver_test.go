@@ -57,11 +57,6 @@ func openPgx(t *testing.T, databaseURL string, maxConns int) (sqlDB, func(contex
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	require.NoError(t, err)
 	cfg.MaxConns = int32(maxConns)
-	if databaseURL != pgtest.ClientURL() {
-		// A proxy that looks for COMMIT needs the statement's text with
-		// every execution.
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

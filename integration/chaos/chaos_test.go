@@ -35,7 +35,7 @@ import (
 var (
 	duration = flag.Duration("chaos.duration", 60*time.Second, "how long workers send new requests")
 	restart  = flag.Bool("chaos.restart", true, "restart the local PostgreSQL cluster (fast, then immediate) during the soak")
-	perPath  = flag.Int("chaos.workers", 2, "workers per path (Do, WithIdempotency, lease, HTTP)")
+	perPath  = flag.Int("chaos.workers", 2, "workers per path (Do and WithIdempotency in two query modes, lease, HTTP)")
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -168,7 +168,6 @@ func TestChaosSoak(t *testing.T) {
 	cluster := localCluster(t, direct)
 
 	// The workers go through a proxy that can cut a connection at COMMIT.
-	// Sending each statement's text lets it see COMMIT.
 	proxy, err := cutproxy.New(pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(proxy.Close)
@@ -186,6 +185,14 @@ func TestChaosSoak(t *testing.T) {
 	workers, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(workers.Close)
+	// A second pool in pgx's default mode (named prepared statements),
+	// whose COMMITs the proxy recognises by the statements' names.
+	pcfg := cfg.Copy()
+	pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	pcfg.MaxConns = int32(2**perPath + 2)
+	prepared, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(prepared.Close)
 
 	addEffect := func(ctx context.Context, tx pgx.Tx, key idem.Key) (string, error) {
 		v := newValue()
@@ -199,15 +206,17 @@ func TestChaosSoak(t *testing.T) {
 		MaxAttempts: 3, MaxElapsed: 5 * time.Second, BaseDelay: 20 * time.Millisecond, MaxDelay: 500 * time.Millisecond,
 	}}
 
-	paths := []path{
-		{"Do", func(ctx context.Context, key idem.Key) (string, error) {
-			res, err := idem.Do(ctx, workers, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+	doPath := func(db *pgxpool.Pool) func(context.Context, idem.Key) (string, error) {
+		return func(ctx context.Context, key idem.Key) (string, error) {
+			res, err := idem.Do(ctx, db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
 				return addEffect(ctx, tx, key)
 			}, s.Opt)
 			return res.Value, err
-		}},
-		{"WithIdempotency", func(ctx context.Context, key idem.Key) (string, error) {
-			tx, err := workers.Begin(ctx)
+		}
+	}
+	withIdempotencyPath := func(db *pgxpool.Pool) func(context.Context, idem.Key) (string, error) {
+		return func(ctx context.Context, key idem.Key) (string, error) {
+			tx, err := db.Begin(ctx)
 			if err != nil {
 				return "", err
 			}
@@ -222,7 +231,15 @@ func TestChaosSoak(t *testing.T) {
 				return "", fmt.Errorf("%w: %w", errAmbiguous, err)
 			}
 			return res.Value, nil
-		}},
+		}
+	}
+	paths := []path{
+		{"Do", doPath(workers)},
+		{"WithIdempotency", withIdempotencyPath(workers)},
+		// The same in pgx's default mode, where idem's statements go below
+		// pgx.Batch as prepared statements.
+		{"Do/prepared", doPath(prepared)},
+		{"WithIdempotency/prepared", withIdempotencyPath(prepared)},
 		{"lease", func(ctx context.Context, key idem.Key) (string, error) {
 			lease, res, err := idem.Claim[string](ctx, workers, key, leaseDuration, s.Opt)
 			if err != nil {

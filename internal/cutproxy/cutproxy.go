@@ -6,13 +6,16 @@
 // both outcomes hide behind the same error.
 //
 // The integration tests and the bench's fault suite use it; it is never part
-// of the library. The proxy sees COMMIT only when the client sends the
-// statement's text with each execution, so connect through it with
-// pgx.QueryExecModeExec (or the simple protocol).
+// of the library. It reads the client's protocol messages: a COMMIT is a
+// simple query that contains one, or a Bind of a statement whose Parse
+// carried one (unnamed, in the same batch, as pgx's QueryExecModeExec sends
+// it, or named earlier, as pgx's default mode and idem's prepared statements
+// do). Preparing a COMMIT is not committing, so a Parse alone is never cut.
 package cutproxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -162,10 +165,14 @@ func (p *Proxy) serve() {
 // or a COMMIT is chosen to be the last message.
 func (p *Proxy) forward(client, server net.Conn) {
 	buf := make([]byte, 64<<10)
+	st := &stream{named: map[string]bool{}}
 	for {
 		n, err := client.Read(buf)
 		if n > 0 {
-			cut, drop := p.cut(buf[:n])
+			cut, drop := false, false
+			if st.feed(buf[:n]) {
+				cut, drop = p.cut()
+			}
 			if drop {
 				return // the COMMIT never reaches the server: it rolls back
 			}
@@ -182,11 +189,11 @@ func (p *Proxy) forward(client, server net.Conn) {
 	}
 }
 
-// cut decides whether msg, carrying a COMMIT, ends its connection, and if
+// cut decides whether a chunk carrying a COMMIT ends its connection, and if
 // so whether it is dropped rather than forwarded first.
-func (p *Proxy) cut(msg []byte) (cut, drop bool) {
+func (p *Proxy) cut() (cut, drop bool) {
 	rate := p.rate.Load()
-	if rate == 0 || !(bytes.Contains(msg, []byte("COMMIT")) || bytes.Contains(msg, []byte("commit"))) {
+	if rate == 0 {
 		return false, false
 	}
 	if rate < 1e6 && rand.Uint64N(1e6) >= rate {
@@ -198,4 +205,87 @@ func (p *Proxy) cut(msg []byte) (cut, drop bool) {
 		return true, true
 	}
 	return true, false
+}
+
+// stream follows one connection's client messages.
+type stream struct {
+	pending    []byte          // the start of a message the next read completes
+	started    bool            // the startup message has passed
+	named      map[string]bool // prepared statements that are a COMMIT
+	unnamedCmt bool            // the unnamed statement is a COMMIT
+}
+
+// protocolMajor3 is the major version in a startup message (3.0, 3.2, ...);
+// the other untyped requests (SSL, GSS encryption, cancel) carry 1234 there
+// and come before it or alone.
+const protocolMajor3 = 3
+
+// feed reads the complete messages in chunk (with what an earlier chunk
+// left) and reports whether one of them executes a COMMIT.
+func (st *stream) feed(chunk []byte) (commit bool) {
+	data := append(st.pending, chunk...)
+	for {
+		if !st.started {
+			if len(data) < 8 {
+				break
+			}
+			n := int(binary.BigEndian.Uint32(data))
+			if n < 8 || len(data) < n {
+				break
+			}
+			st.started = binary.BigEndian.Uint32(data[4:])>>16 == protocolMajor3
+			data = data[n:]
+			continue
+		}
+		if len(data) < 5 {
+			break
+		}
+		n := 1 + int(binary.BigEndian.Uint32(data[1:]))
+		if n < 5 || len(data) < n {
+			break
+		}
+		if st.message(data[0], data[5:n]) {
+			commit = true
+		}
+		data = data[n:]
+	}
+	st.pending = append(st.pending[:0], data...)
+	return commit
+}
+
+// message looks at one typed message and reports whether it executes a
+// COMMIT.
+func (st *stream) message(typ byte, body []byte) bool {
+	switch typ {
+	case 'Q': // simple query
+		return isCommit(cstring(body))
+	case 'P': // Parse: name, query, ...
+		name := cstring(body)
+		query := cstring(body[min(len(name)+1, len(body)):])
+		if name == "" {
+			st.unnamedCmt = isCommit(query)
+		} else if isCommit(query) {
+			st.named[name] = true
+		}
+	case 'B': // Bind: portal, statement, ...
+		portal := cstring(body)
+		stmt := cstring(body[min(len(portal)+1, len(body)):])
+		if stmt == "" {
+			return st.unnamedCmt
+		}
+		return st.named[stmt]
+	}
+	return false
+}
+
+func isCommit(query string) bool {
+	return strings.Contains(strings.ToUpper(query), "COMMIT")
+}
+
+// cstring is b up to its first NUL.
+func cstring(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		return string(b[:i])
+	}
+	return string(b)
 }
