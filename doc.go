@@ -61,7 +61,9 @@
 // query mode (QueryExecModeCacheStatement) with no tracer configured, the
 // claim, the completion and the statements around them go below pgx.Batch,
 // as pgconn batches of statements prepared with Conn.Prepare (one round trip
-// each, as pgx.Batch would take, with about a third of the allocations).
+// each, as pgx.Batch would take, with about a third of the allocations; the
+// first use of each statement on a connection prepares it in a round trip
+// of its own).
 // With a pgx tracer (ConnConfig.Tracer) they go through pgx.Batch, so the
 // tracer sees every statement; in the other query modes, which poolers
 // such as PgBouncer before 1.21 need, they go through pgx.Batch too and idem
