@@ -38,6 +38,25 @@ func (tr *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceB
 func (tr *tracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (tr *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
+// oneInsert returns an fn that inserts one effect row, and a bare
+// transaction on conn that runs it: BEGIN, the INSERT and COMMIT, one round
+// trip each.
+func oneInsert(t *testing.T, conn *pgx.Conn, s *pgtest.Schema) (func(context.Context, pgx.Tx) (int, error), func()) {
+	insert := func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO `+s.Effects+` (scope, key, value) VALUES ('s', 'k', 'v')`)
+		return 1, err
+	}
+	bare := func() {
+		ctx := context.Background()
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		_, err = insert(ctx, tx)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	return insert, bare
+}
+
 // TestDoCostsTheRoundTripsOfABareTransaction checks the pipelining: a first
 // execution through Do takes as many round trips as BEGIN, one INSERT and
 // COMMIT sent one by one, with NoWait too.
@@ -47,17 +66,7 @@ func TestDoCostsTheRoundTripsOfABareTransaction(t *testing.T) {
 	tr := &tracer{}
 	conn := pgtest.Conn(t, func(c *pgx.ConnConfig) { c.Tracer = tr })
 	ctx := context.Background()
-	insert := func(ctx context.Context, tx pgx.Tx) (int, error) {
-		_, err := tx.Exec(ctx, `INSERT INTO `+s.Effects+` (scope, key, value) VALUES ('s', 'k', 'v')`)
-		return 1, err
-	}
-	bare := func() {
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		_, err = insert(ctx, tx)
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit(ctx))
-	}
+	insert, bare := oneInsert(t, conn, s)
 	// Warm the statement caches first.
 	bare()
 	_, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "warm"}, insert, s.Opt)

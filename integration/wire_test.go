@@ -86,17 +86,7 @@ func TestRoundTripsBelowPgxBatch(t *testing.T) {
 	var writes atomic.Int64
 	conn := directConn(t, &writes)
 	ctx := context.Background()
-	insert := func(ctx context.Context, tx pgx.Tx) (int, error) {
-		_, err := tx.Exec(ctx, `INSERT INTO `+s.Effects+` (scope, key, value) VALUES ('s', 'k', 'v')`)
-		return 1, err
-	}
-	bare := func() {
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		_, err = insert(ctx, tx)
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit(ctx))
-	}
+	insert, bare := oneInsert(t, conn, s)
 	withIdem := func(id string, opts ...idem.Option) idem.Result[int] {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
