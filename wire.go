@@ -20,9 +20,9 @@ import (
 
 // The claim and the completion travel in batches of a few statements each. On
 // a plain pgx connection they go below pgx.Batch, through pgconn's Batch, as
-// statements prepared with pgx's Conn.Prepare: one round trip, as with
-// pgx.Batch, without its pipeline bookkeeping, which made most of an
-// execution's allocations. A wireBatch is used only where pgx.Batch would
+// statements prepared through the transaction (pgx's Conn.Prepare underneath):
+// one round trip, as with pgx.Batch, without its pipeline bookkeeping, which
+// made most of an execution's allocations. A wireBatch is used only where pgx.Batch would
 // have done the same thing (see wireConn); anywhere else idem sends its
 // statements through pgx.Batch.
 
