@@ -148,7 +148,7 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		}
 		// The savepoint is released after the completion, so that a failed
 		// completion can still be undone with it.
-		if err := c.complete(ctx, StatusSucceeded, data, rec.attempt, "RELEASE SAVEPOINT "+spFn); err != nil {
+		if _, err := c.complete(ctx, StatusSucceeded, data, rec.attempt, "RELEASE SAVEPOINT "+spFn); err != nil {
 			// Undo fn's writes too, so that a caller who commits anyway
 			// cannot commit them without their record.
 			return zero, errors.Join(fmt.Errorf("idem: recording the result: %w", err), c.abandon(ctx, rec.attempt))
@@ -160,7 +160,7 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		// savepoint aborted, where nothing else can be prepared.
 		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn)
 		if err == nil {
-			err = c.complete(ctx, StatusFailed, failureMessage(cfg, fnErr), rec.attempt, "RELEASE SAVEPOINT "+spFn)
+			_, err = c.complete(ctx, StatusFailed, failureMessage(cfg, fnErr), rec.attempt, "RELEASE SAVEPOINT "+spFn)
 		}
 		if err != nil {
 			// Not recorded: this must not look like a recorded business
@@ -356,14 +356,11 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	if conn.IsClosed() {
 		return Result[T]{}, fmt.Errorf("idem: connection closed before commit: %w", pgconn.ErrConnClosed)
 	}
-	w := newBatch(tx)
-	defer w.free()
-	w.queue(ctx, c.q.complete, nil, false, argString(key.Scope), argString(key.ID), argString(status), argBytes(data), argInt(int64(rec.attempt)))
-	w.queue(ctx, cmp.Or(cfg.txOptions.CommitQuery, "COMMIT"), nil, false)
-	if err := w.exec(ctx); err != nil {
+	tag, err := c.complete(ctx, status, data, rec.attempt, cmp.Or(cfg.txOptions.CommitQuery, "COMMIT"))
+	if err != nil {
 		return Result[T]{}, commitError(err)
 	}
-	if w.tag.String() == "ROLLBACK" {
+	if tag.String() == "ROLLBACK" {
 		return Result[T]{}, fmt.Errorf("idem: commit: %w", pgx.ErrTxCommitRollback)
 	}
 	if status == StatusFailed {
@@ -603,13 +600,15 @@ func (c *claimer) read(ctx context.Context) (rec record, found bool, err error) 
 }
 
 // complete records the outcome of the claimed execution, and runs then, a
-// statement without parameters, in the same round trip.
-func (c *claimer) complete(ctx context.Context, status string, data []byte, attempt int32, then string) error {
+// statement without parameters (RELEASE SAVEPOINT, COMMIT), in the same round
+// trip. It returns then's command tag.
+func (c *claimer) complete(ctx context.Context, status string, data []byte, attempt int32, then string) (pgconn.CommandTag, error) {
 	w := newBatch(c.tx)
 	defer w.free()
 	w.queue(ctx, c.q.complete, nil, false, argString(c.key.Scope), argString(c.key.ID), argString(status), argBytes(data), argInt(int64(attempt)))
 	w.queue(ctx, then, nil, false)
-	return w.exec(ctx)
+	err := w.exec(ctx)
+	return w.tag, err
 }
 
 // takeover re-claims an expired or orphaned record. It reports false when the
