@@ -16,6 +16,10 @@
 //	                             connection with a tracer, instead of below it
 //	            WithIdempotency  BEGIN; idem.WithIdempotency (claim, savepoint, INSERT, completion); COMMIT
 //	            WithIdempotency/pgx.Batch  the same through pgx.Batch
+//	floor       the record's SQL added to a bare transaction a piece at a time,
+//	            hand-written with pgx: +keyed insert (one more row, keyed like a
+//	            record), +claim (the claim alone), sql-model (claim and
+//	            completion), then Do: what each piece costs on this machine
 //	transition  PENDING -> PAID on a fresh row per operation:
 //	            hand-written UPDATE ... WHERE id = $1 AND status = 'PENDING' with a row-count
 //	            check, against StateMachine.Transition
@@ -113,6 +117,7 @@ type suite struct {
 
 var suites = []suite{
 	{name: "core", about: "one INSERT per operation (a duplicate request replays)", variants: coreVariants},
+	{name: "floor", about: "the record's SQL added to a bare transaction a piece at a time, every key new", setup: setupFloor, variants: floorVariants, newKeysOnly: true},
 	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
 	{name: "inbox", about: "one message per operation (a duplicate is a redelivery); the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
@@ -152,42 +157,6 @@ func withIdempotencyInsert(ctx context.Context, pool *pgxpool.Pool, key idem.Key
 		return err
 	}
 	return tx.Commit(ctx)
-}
-
-// sqlModel sends the statements Do sends, pipelined the same way, with no
-// library logic: the floor for this SQL, separating what the record costs the
-// database from what idem costs the client.
-func sqlModel(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(`INSERT INTO idem_bench.idempotent_record (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
-	VALUES ($1, $2, '', 'processing', 1, now(), now(), now() + interval '1 day')
-	ON CONFLICT (scope, key) DO NOTHING RETURNING attempt`, key.Scope, key.ID)
-	br := conn.SendBatch(ctx, b)
-	tx := br.Tx()
-	if err := br.Close(); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	id, err := insertRow(ctx, tx)
-	if err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	b = &pgx.Batch{}
-	b.Queue(`UPDATE idem_bench.idempotent_record SET status = 'succeeded', response = $3, updated_at = now()
-	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = 1`, key.Scope, key.ID, []byte(strconv.FormatInt(id, 10)))
-	b.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	return nil
 }
 
 type sample struct {
@@ -254,7 +223,7 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	dupsFlag := flag.String("dups", "0", "comma-separated shares of duplicate requests for the core, transition, inbox and http suites, e.g. 0,0.5,0.9")
 	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
@@ -357,7 +326,7 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, floor, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
 		}
 	}
 	var workerCounts []int

@@ -24,7 +24,7 @@ func TestBenchSmoke(t *testing.T) {
 	dupShares = []float64{0, 0.5}
 	jsonPath = filepath.Join(t.TempDir(), "results.json")
 	chartPath = filepath.Join(t.TempDir(), "chart.png")
-	if err := run("2", "core,transition,inbox,http,redis,faults,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	if err := run("2", "core,floor,transition,inbox,http,redis,faults,hotkey,tablesize,purge", 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{jsonPath, chartPath} {
