@@ -19,11 +19,12 @@ import (
 //	+keyed insert   BEGIN and a plain INSERT of a (scope, key) row into a table
 //	                shaped like the record's primary key, pipelined; INSERT; COMMIT:
 //	                one more row write, no ON CONFLICT, nothing written back
-//	+claim          BEGIN and the claim (INSERT ... ON CONFLICT DO NOTHING
+//	+claim          BEGIN and a claim like Do's (INSERT ... ON CONFLICT DO NOTHING
 //	                RETURNING into the record table), pipelined; INSERT; COMMIT:
 //	                the claim without its completion
 //	sql-model       the claim, INSERT, the completion UPDATE pipelined with COMMIT:
-//	                everything Do sends
+//	                the statements Do sends, with a claim of fewer parameters and
+//	                columns and a completion without Do's row-count check
 //	Do              idem.Do
 //	sql-model/WithIdempotency  the caller's BEGIN; the claim with SAVEPOINT;
 //	                INSERT; the completion with RELEASE SAVEPOINT; COMMIT: the

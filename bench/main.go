@@ -19,7 +19,9 @@
 //	floor       the record's SQL added to a bare transaction a piece at a time,
 //	            hand-written with pgx: +keyed insert (one more row, keyed like a
 //	            record), +claim (the claim alone), sql-model (claim and
-//	            completion), then Do: what each piece costs on this machine
+//	            completion), Do, sql-model/WithIdempotency (what WithIdempotency
+//	            adds to a caller's transaction) and WithIdempotency: what each
+//	            piece costs on this machine
 //	transition  PENDING -> PAID on a fresh row per operation:
 //	            hand-written UPDATE ... WHERE id = $1 AND status = 'PENDING' with a row-count
 //	            check, against StateMachine.Transition
