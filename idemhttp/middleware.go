@@ -23,6 +23,13 @@
 //     those three, or a panic rolls the transaction back and records nothing,
 //     so a retry runs the handler again.
 //   - A response larger than Config.MaxResponseBody: 500, nothing recorded.
+//     Responses that are never recorded (5xx, 408, 409, 429) are not capped:
+//     they go out whole.
+//   - A handler whose SQL statement failed (which aborts the transaction)
+//     and that then answers 4xx: the answer goes out as the handler wrote it
+//     and nothing is recorded, since nothing can commit. Answering 2xx or 3xx
+//     after a failed statement is a 500 ("handler-transaction-failed"):
+//     none of the handler's writes committed, so its success would be false.
 //   - A handler whose transaction fails (a serialization failure, say) and
 //     answers 5xx is not retried by the middleware: the client retries with
 //     the same key.
@@ -66,8 +73,8 @@ import (
 type Config struct {
 	// Scope returns the owner of the request's keys: the authenticated user
 	// or tenant. Keys never match across scopes, so one caller's key can
-	// never replay another caller's response. An error answers 401.
-	// Required.
+	// never replay another caller's response. An error answers 401 with a
+	// detail that does not repeat the error's text. Required.
 	Scope func(r *http.Request) (string, error)
 	// Methods the middleware applies to. It defaults to POST and PATCH;
 	// other requests pass through untouched.
@@ -84,6 +91,8 @@ type Config struct {
 	// replayed. The first response carries every header the handler set;
 	// replays carry these. It defaults to Content-Type, Content-Language,
 	// Location, Content-Location, Allow and WWW-Authenticate.
+	// Content-Encoding is recorded whatever the list says: the recorded
+	// body is encoded as it says, and means nothing without it.
 	RecordHeaders []string
 	// MaxRequestBody caps the request body read for the fingerprint. It
 	// defaults to 1 MiB; a larger body answers 413.
@@ -211,6 +220,29 @@ func (e *notRecorded) Error() string {
 
 var errTooLarge = errors.New("idemhttp: the response exceeds the recording limit")
 
+// errHandlerTxFailed: the handler answered while its transaction was
+// aborted by a failed statement.
+var errHandlerTxFailed = errors.New("idemhttp: the handler's transaction failed")
+
+// sqlstateInFailedTx is what a statement in an aborted transaction gets.
+const sqlstateInFailedTx = "25P02"
+
+// sqlState returns the SQLSTATE of a database error from any driver whose
+// errors have a SQLState method (pgx's *pgconn.PgError, lib/pq's), or "".
+func sqlState(err error) string {
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		return e.SQLState()
+	}
+	return ""
+}
+
+// recordable reports whether a response with status is recorded: 2xx-4xx
+// except 408, 409 and 429, which a client retries.
+func recordable(status int) bool {
+	return status < 500 && status != http.StatusRequestTimeout && status != http.StatusConflict && status != http.StatusTooManyRequests
+}
+
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !slices.Contains(m.cfg.Methods, r.Method) {
 		m.next.ServeHTTP(w, r)
@@ -230,7 +262,8 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	scope, err := m.cfg.Scope(r)
 	if err != nil {
-		problem(w, http.StatusUnauthorized, "scope-unknown", "The caller could not be identified: "+err.Error())
+		// The error's text stays on the server: it may describe internals.
+		problem(w, http.StatusUnauthorized, "scope-unknown", "The caller could not be identified.")
 		return
 	}
 	if err := (idem.Key{Scope: scope, ID: "x"}).Validate(); err != nil {
@@ -254,10 +287,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ikey := idem.Key{Scope: scope, ID: key, Fingerprint: m.cfg.Fingerprint(r, body)}
 
-	var firstHeader http.Header // every header this execution's handler set
+	var last *recorder // this request's latest execution of the handler
 	res, err := idem.Do(r.Context(), m.db, ikey, func(ctx context.Context, tx pgx.Tx) (response, error) {
-		rec := newRecorder(m.cfg.MaxResponseBody)
-		firstHeader = rec.header
+		rec := newRecorder(m.cfg.MaxResponseBody, w)
+		last = rec
 		req := r.WithContext(context.WithValue(ctx, txKey{}, tx))
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		m.next.ServeHTTP(rec, req)
@@ -265,12 +298,30 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return response{}, errTooLarge
 		}
 		resp := rec.response(m.cfg.RecordHeaders)
-		if s := resp.Status; s >= 500 || s == http.StatusRequestTimeout || s == http.StatusConflict || s == http.StatusTooManyRequests {
+		if !recordable(resp.Status) {
 			resp.Header = rec.header // the client gets every header, as sent
 			return response{}, &notRecorded{resp: resp}
 		}
+		if c := tx.Conn(); c != nil && c.PgConn().TxStatus() == 'E' {
+			// A statement of the handler failed: nothing can commit
+			// (database/sql adapters without Conn fail at the
+			// completion instead, with SQLSTATE 25P02, handled below).
+			return response{}, errHandlerTxFailed
+		}
 		return resp, nil
 	}, m.opts...)
+	if last != nil && (errors.Is(err, errHandlerTxFailed) || sqlState(err) == sqlstateInFailedTx) {
+		resp := last.response(nil)
+		if resp.Status >= 400 {
+			// The handler rejected the request after a failed statement
+			// (a unique violation answered 409 or 422, say): its answer
+			// is right, and nothing is recorded.
+			resp.Header = last.header
+			err = &notRecorded{resp: resp}
+		} else {
+			err = errHandlerTxFailed
+		}
+	}
 
 	var nr *notRecorded
 	switch {
@@ -279,11 +330,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if res.Replayed {
 			w.Header().Set(ReplayedHeader, "true")
 		} else {
-			resp.Header = firstHeader // the first answer goes out whole; replays get the recorded headers
+			resp.Header = last.header // the first answer goes out whole; replays get the recorded headers
 		}
 		writeResponse(w, resp)
 	case errors.As(err, &nr):
 		writeResponse(w, nr.resp)
+	case errors.Is(err, errHandlerTxFailed):
+		problem(w, http.StatusInternalServerError, "handler-transaction-failed",
+			"A statement of the handler failed, so none of its writes committed, but the handler answered as if it had succeeded; nothing was recorded.")
 	case errors.Is(err, errTooLarge), errors.Is(err, idem.ErrResultTooLarge):
 		problem(w, http.StatusInternalServerError, "response-too-large",
 			fmt.Sprintf("The response exceeds the %d bytes that can be recorded; nothing was recorded.", m.cfg.MaxResponseBody))
@@ -327,18 +381,27 @@ func problem(w http.ResponseWriter, status int, code, detail string) {
 	})
 }
 
-// recorder buffers the handler's response.
+// recorder buffers the handler's response. It flushes nothing (Flush is a
+// no-op: the response goes out after the commit) and unwraps to the real
+// writer, so that http.ResponseController reaches its deadlines.
 type recorder struct {
 	header   http.Header
 	status   int
 	body     bytes.Buffer
 	limit    int64
 	tooLarge bool
+	w        http.ResponseWriter
 }
 
-func newRecorder(limit int64) *recorder {
-	return &recorder{header: http.Header{}, limit: limit}
+func newRecorder(limit int64, w http.ResponseWriter) *recorder {
+	return &recorder{header: http.Header{}, limit: limit, w: w}
 }
+
+// Flush does nothing: the response is sent once the transaction is over.
+func (rec *recorder) Flush() {}
+
+// Unwrap returns the real ResponseWriter, for http.ResponseController.
+func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
 func (rec *recorder) Header() http.Header { return rec.header }
 
@@ -355,7 +418,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
-	if int64(rec.body.Len()+len(p)) > rec.limit {
+	if int64(rec.body.Len()+len(p)) > rec.limit && recordable(rec.status) {
 		rec.tooLarge = true
 		return 0, errTooLarge
 	}
@@ -372,6 +435,9 @@ func (rec *recorder) response(allow []string) response {
 		if vs := rec.header.Values(k); len(vs) > 0 {
 			h[k] = slices.Clone(vs)
 		}
+	}
+	if vs := rec.header.Values("Content-Encoding"); len(vs) > 0 {
+		h["Content-Encoding"] = slices.Clone(vs)
 	}
 	return response{Status: status, Header: h, Body: bytes.Clone(rec.body.Bytes())}
 }

@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -29,8 +30,10 @@ type Transport struct {
 	Methods []string
 	// MaxAttempts bounds the tries of one request. It defaults to 5.
 	MaxAttempts int
-	// MaxElapsed bounds the time spent on one request, waits included. It
-	// defaults to 30s.
+	// MaxElapsed bounds the time spent on one request until a response's
+	// headers arrive, waits and tries included: a try still waiting for its
+	// response at that time is cancelled. Reading the body of the response
+	// returned is not bounded. It defaults to 30s.
 	MaxElapsed time.Duration
 	// BaseDelay scales the backoff: retry n waits a random duration up to
 	// min(MaxDelay, BaseDelay * 2^n), or Retry-After if that is longer. It
@@ -44,7 +47,9 @@ type Transport struct {
 
 // RoundTrip sends req, retrying as the Transport describes. It does not
 // modify req; the key used is in the returned response's Request (see
-// KeyOf). A request with a body is retried only if it has GetBody (as
+// KeyOf), or, when RoundTrip returns an error, in the error (see
+// KeyOfError): the request may have run, and retrying it later with that key
+// is safe. A request with a body is retried only if it has GetBody (as
 // http.NewRequest sets for in-memory bodies). Cancelling req's context stops
 // the retries.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -87,19 +92,34 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		header.Set(HeaderName, FormatKey(newKey()))
 	}
+	key, _ := ParseKey(header)
 	deadline := time.Now().Add(maxElapsed)
 	for attempt := 1; ; attempt++ {
-		try := req.Clone(ctx)
+		actx, cancel := context.WithCancel(ctx)
+		try := req.Clone(actx)
 		try.Header = header
 		if attempt > 1 && req.Body != nil && req.Body != http.NoBody {
 			body, err := req.GetBody()
 			if err != nil {
-				return nil, err
+				cancel()
+				return nil, &keyError{key: key, err: err}
 			}
 			try.Body = body
 		}
+		// The try is cancelled if no response has come by the deadline.
+		timer := time.AfterFunc(time.Until(deadline), cancel)
 		resp, err := base.RoundTrip(try)
-		if !retryable(resp, err) || attempt >= maxAttempts || ctx.Err() != nil ||
+		expired := !timer.Stop()
+		if err != nil {
+			cancel()
+			if expired && ctx.Err() == nil {
+				err = fmt.Errorf("idemhttp: no response within MaxElapsed (%v): %w", maxElapsed, context.DeadlineExceeded)
+			}
+			err = &keyError{key: key, err: err}
+		} else {
+			resp.Body = cancelOnClose(resp.Body, cancel)
+		}
+		if expired || !retryable(resp, err) || attempt >= maxAttempts || ctx.Err() != nil ||
 			(req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
 			return resp, err
 		}
@@ -116,12 +136,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
 		}
-		timer := time.NewTimer(wait)
+		wake := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			timer.Stop()
-			return nil, ctx.Err()
-		case <-timer.C:
+			wake.Stop()
+			return nil, &keyError{key: key, err: ctx.Err()}
+		case <-wake.C:
 		}
 	}
 }
@@ -137,6 +157,66 @@ func KeyOf(resp *http.Response) string {
 		return ""
 	}
 	return key
+}
+
+// KeyOfError returns the Idempotency-Key of the request that a Transport's
+// RoundTrip (or an http.Client using it) failed with err: the request may
+// have run on the server, and sending it again with this key later is safe.
+// It returns "" when err did not come from a Transport.
+func KeyOfError(err error) string {
+	var ke *keyError
+	if errors.As(err, &ke) {
+		return ke.key
+	}
+	return ""
+}
+
+// keyError is an error of RoundTrip, with the key its request carried. Its
+// text is the error's own.
+type keyError struct {
+	key string
+	err error
+}
+
+func (e *keyError) Error() string { return e.err.Error() }
+func (e *keyError) Unwrap() error { return e.err }
+
+// Timeout reports whether the error is a timeout, as net.Error does, so
+// that url.Error and http.Client see through the wrapping.
+func (e *keyError) Timeout() bool {
+	var ne net.Error
+	return errors.Is(e.err, context.DeadlineExceeded) || (errors.As(e.err, &ne) && ne.Timeout())
+}
+
+// cancelOnClose ends a try's context when its response body is closed. A
+// body that is also a Writer (a 101 Switching Protocols) stays one.
+func cancelOnClose(body io.ReadCloser, cancel context.CancelFunc) io.ReadCloser {
+	if rwc, ok := body.(io.ReadWriteCloser); ok {
+		return &cancelReadWriteCloser{ReadWriteCloser: rwc, cancel: cancel}
+	}
+	return &cancelReadCloser{ReadCloser: body, cancel: cancel}
+}
+
+type cancelReadCloser struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelReadCloser) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+type cancelReadWriteCloser struct {
+	io.ReadWriteCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelReadWriteCloser) Close() error {
+	err := b.ReadWriteCloser.Close()
+	b.cancel()
+	return err
 }
 
 func retryable(resp *http.Response, err error) bool {
@@ -176,8 +256,11 @@ func retryAfter(v string) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
+		// Anything past a year (or past time.Duration) is "not before the
+		// deadline": a year stands for it.
+		const year = 365 * 24 * time.Hour
+		return time.Duration(min(s, int64(year/time.Second))) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return max(0, time.Until(t))

@@ -2,9 +2,11 @@ package idemhttp
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,5 +108,113 @@ func TestTransportBoundsAndKeepsCallerKey(t *testing.T) {
 	}
 	if time.Since(started) > 5*time.Second {
 		t.Fatal("the cancelled context did not stop the retries")
+	}
+}
+
+// When every try fails without a response, the error carries the key: the
+// request may have run, and the caller can send it again with that key.
+func TestTransportErrorCarriesTheKey(t *testing.T) {
+	var seen atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get(HeaderName))
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close() // no response at all
+		}
+	}))
+	defer srv.Close()
+	client := &http.Client{Transport: &Transport{BaseDelay: time.Millisecond, MaxAttempts: 2}}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+	resp, err := client.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("a server that never answers gave a response")
+	}
+	sent, _ := parseValue(seen.Load().(string))
+	if got := KeyOfError(err); got == "" || got != sent {
+		t.Fatalf("KeyOfError(%v) = %q, the server saw %q", err, got, sent)
+	}
+	if KeyOfError(io.EOF) != "" {
+		t.Fatal("KeyOfError of a foreign error")
+	}
+}
+
+// MaxElapsed bounds a try that is still waiting for its response: a server
+// that never answers the second try does not hold the caller past it.
+func TestTransportMaxElapsedCancelsAHangingTry(t *testing.T) {
+	release := make(chan struct{})
+	var tries atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tries.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		select { // hang until the test ends or the client gives up
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	client := &http.Client{Transport: &Transport{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond, MaxElapsed: 300 * time.Millisecond}}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+	done := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) || KeyOfError(err) == "" {
+			t.Fatalf("err = %v (key %q), want a deadline with the key", err, KeyOfError(err))
+		}
+		var ue *url.Error
+		if !errors.As(err, &ue) || !ue.Timeout() {
+			t.Fatalf("http.Client does not see a timeout in %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the hanging try was not cancelled at MaxElapsed")
+	}
+	if tries.Load() != 2 {
+		t.Fatalf("%d tries, want 2", tries.Load())
+	}
+}
+
+// A response body read after RoundTrip returned is not cut by MaxElapsed.
+func TestTransportBodyOutlivesMaxElapsed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		w.(http.Flusher).Flush()
+		time.Sleep(150 * time.Millisecond)
+		_, _ = io.WriteString(w, "late body")
+	}))
+	defer srv.Close()
+	client := &http.Client{Transport: &Transport{MaxElapsed: 50 * time.Millisecond}}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || string(b) != "late body" {
+		t.Fatalf("body %q, err %v", b, err)
+	}
+}
+
+func TestRetryAfterClamps(t *testing.T) {
+	for _, v := range []string{"9999999999", "18446744074", "9223372036854775807"} {
+		if d := retryAfter(v); d < 24*time.Hour {
+			t.Errorf("retryAfter(%s) = %v, want at least a day", v, d)
+		}
+	}
+	if d := retryAfter("3"); d != 3*time.Second {
+		t.Errorf("retryAfter(3) = %v", d)
+	}
+	if d := retryAfter("-1"); d != 0 {
+		t.Errorf("retryAfter(-1) = %v", d)
 	}
 }

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -65,7 +67,7 @@ func (h *signupServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"value": value})
 }
 
-func newHTTPServer(t *testing.T, pool *pgxpool.Pool, h http.Handler, cfg idemhttp.Config) *httptest.Server {
+func newHTTPServer(t *testing.T, pool idem.TxBeginner, h http.Handler, cfg idemhttp.Config) *httptest.Server {
 	t.Helper()
 	cfg.Scope = func(r *http.Request) (string, error) {
 		if u := r.Header.Get("X-User"); u != "" {
@@ -173,7 +175,9 @@ func TestHTTPErrorPaths(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(r.body), &p), name)
 		require.EqualValues(t, 400, p["status"])
 	}
-	require.Equal(t, http.StatusUnauthorized, post(t, srv.URL, "", `"k"`, "x").status)
+	unknown := post(t, srv.URL, "", `"k"`, "x")
+	require.Equal(t, http.StatusUnauthorized, unknown.status)
+	require.NotContains(t, unknown.body, "no X-User", "the scope function's error stays on the server")
 	require.Zero(t, h.runs.Load(), "the handler never ran")
 
 	// GET passes through untouched.
@@ -338,4 +342,147 @@ func TestHTTPPanicRecordsNothing(t *testing.T) {
 	r := post(t, srv.URL, "hank", `"p"`, "p")
 	require.Equal(t, http.StatusCreated, r.status)
 	require.Equal(t, 1, s.CountEffects(t, pool, key))
+}
+
+// A handler whose statement fails (aborting the transaction) and that then
+// rejects the request gets its own answer through, with nothing recorded; one
+// that answers success after the failure gets a 500, since none of its
+// writes committed.
+func TestHTTPAnswerAfterAFailedStatement(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	var status atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx := idemhttp.Tx(r.Context())
+		body, _ := io.ReadAll(r.Body)
+		key := idem.Key{Scope: r.Header.Get("X-User"), ID: string(body)}
+		if err := s.AddEffect(r.Context(), tx, key, "written"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if _, err := tx.Exec(r.Context(), `SELECT 1/0`); err == nil {
+			t.Error("1/0 succeeded")
+		}
+		w.Header().Set("X-Reason", "division")
+		w.WriteHeader(int(status.Load()))
+		_, _ = io.WriteString(w, "rejected after a failed statement")
+	})
+	// Through a pool, the middleware sees the aborted transaction on the
+	// connection; through a transaction without Conn (a database/sql
+	// adapter, say), the completion's SQLSTATE 25P02 tells it.
+	for name, db := range map[string]idem.TxBeginner{"pool": pool, "no Conn": noConnDB{pool}} {
+		srv := newHTTPServer(t, db, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+
+		status.Store(http.StatusUnprocessableEntity)
+		r := post(t, srv.URL, "gina", `"k-422-`+name+`"`, "k-422-"+name)
+		require.Equal(t, http.StatusUnprocessableEntity, r.status, name)
+		require.Equal(t, "rejected after a failed statement", r.body, name)
+		require.Equal(t, "division", r.header.Get("X-Reason"), name)
+		key := idem.Key{Scope: "gina", ID: "k-422-" + name}
+		require.Nil(t, s.ReadRecord(t, pool, key), "nothing can be recorded in an aborted transaction")
+		require.Equal(t, 0, s.CountEffects(t, pool, key))
+
+		status.Store(http.StatusCreated)
+		r = post(t, srv.URL, "gina", `"k-201-`+name+`"`, "k-201-"+name)
+		require.Equal(t, http.StatusInternalServerError, r.status, name)
+		require.Equal(t, "application/problem+json", r.header.Get("Content-Type"), name)
+		require.Contains(t, r.body, "handler-transaction-failed", name)
+		key = idem.Key{Scope: "gina", ID: "k-201-" + name}
+		require.Nil(t, s.ReadRecord(t, pool, key))
+		require.Equal(t, 0, s.CountEffects(t, pool, key))
+	}
+}
+
+// noConnDB begins transactions whose Conn is nil, as a database/sql
+// adapter's are.
+type noConnDB struct{ pool *pgxpool.Pool }
+
+func (d noConnDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return noConnTx{tx}, nil
+}
+
+type noConnTx struct{ pgx.Tx }
+
+func (noConnTx) Conn() *pgx.Conn { return nil }
+
+// Content-Encoding is recorded whatever RecordHeaders says: a replay of a
+// compressed body says it is compressed.
+func TestHTTPReplayKeepsContentEncoding(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write([]byte(`{"id":1}`))
+	require.NoError(t, zw.Close())
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(gz.Bytes())
+	})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{RecordHeaders: []string{"Content-Type"}, Options: []idem.Option{s.Opt}})
+	// An explicit Accept-Encoding keeps net/http's client from decoding.
+	first := post(t, srv.URL, "hana", `"gz"`, "x", "Accept-Encoding", "gzip")
+	again := post(t, srv.URL, "hana", `"gz"`, "x", "Accept-Encoding", "gzip")
+	require.Equal(t, http.StatusCreated, again.status)
+	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
+	require.Equal(t, "gzip", first.header.Get("Content-Encoding"))
+	require.Equal(t, "gzip", again.header.Get("Content-Encoding"))
+	require.Equal(t, first.body, again.body)
+	zr, err := gzip.NewReader(strings.NewReader(again.body))
+	require.NoError(t, err)
+	plain, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	require.Equal(t, `{"id":1}`, string(plain))
+}
+
+// A response that is never recorded goes out whole, over the cap, with its
+// Retry-After, so that a client retries it.
+func TestHTTPUnrecordedResponseIsNotCapped(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	page := strings.Repeat("maintenance ", 50)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "7")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, page)
+	})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.Option{s.Opt}})
+	r := post(t, srv.URL, "iris", `"k503"`, "x")
+	require.Equal(t, http.StatusServiceUnavailable, r.status)
+	require.Equal(t, "7", r.header.Get("Retry-After"))
+	require.Equal(t, page, r.body)
+	require.Nil(t, s.ReadRecord(t, pool, idem.Key{Scope: "iris", ID: "k503"}))
+}
+
+// A handler may flush and set deadlines through the recording writer: Flush
+// does nothing (the response goes out after the commit), and
+// http.ResponseController reaches the real writer's deadlines.
+func TestHTTPHandlerFlushesAndSetsDeadlines(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+			t.Errorf("SetWriteDeadline: %v", err)
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "part one, ")
+		w.(http.Flusher).Flush()
+		if err := rc.Flush(); err != nil {
+			t.Errorf("ResponseController.Flush: %v", err)
+		}
+		_, _ = io.WriteString(w, "part two")
+	})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	first := post(t, srv.URL, "jack", `"fl"`, "x")
+	again := post(t, srv.URL, "jack", `"fl"`, "x")
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, "part one, part two", first.body)
+	require.Equal(t, first.body, again.body)
+	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
 }
