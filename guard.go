@@ -3,9 +3,11 @@ package idem
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // errTxOwned is what fn gets from Commit or Rollback on the transaction idem
@@ -23,21 +25,29 @@ var errTxOwned = errors.New("idem: fn must not commit or roll back its transacti
 // objects, which fn must not keep.
 type guardTx struct {
 	tx     pgx.Tx
-	closed *bool // shared with the savepoints opened through this handle
-	top    bool  // the transaction itself: Commit and Rollback are refused
+	closed *atomic.Bool // shared with the savepoints opened through this handle
+	top    bool         // the transaction itself: Commit and Rollback are refused
 }
 
 var _ pgx.Tx = (*guardTx)(nil)
 
+// guardRoot is the top handle and its flag in one allocation.
+type guardRoot struct {
+	guardTx
+	flag atomic.Bool
+}
+
 func newGuard(tx pgx.Tx) *guardTx {
-	return &guardTx{tx: tx, closed: new(bool), top: true}
+	r := &guardRoot{}
+	r.guardTx = guardTx{tx: tx, closed: &r.flag, top: true}
+	return &r.guardTx
 }
 
 // close ends the handle and every savepoint handle opened through it.
-func (g *guardTx) close() { *g.closed = true }
+func (g *guardTx) close() { g.closed.Store(true) }
 
 func (g *guardTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if *g.closed {
+	if g.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
 	sp, err := g.tx.Begin(ctx)
@@ -48,7 +58,7 @@ func (g *guardTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (g *guardTx) Commit(ctx context.Context) error {
-	if *g.closed {
+	if g.closed.Load() {
 		return pgx.ErrTxClosed
 	}
 	if g.top {
@@ -58,7 +68,7 @@ func (g *guardTx) Commit(ctx context.Context) error {
 }
 
 func (g *guardTx) Rollback(ctx context.Context) error {
-	if *g.closed {
+	if g.closed.Load() {
 		return pgx.ErrTxClosed
 	}
 	if g.top {
@@ -68,14 +78,14 @@ func (g *guardTx) Rollback(ctx context.Context) error {
 }
 
 func (g *guardTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if *g.closed {
+	if g.closed.Load() {
 		return 0, pgx.ErrTxClosed
 	}
 	return g.tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (g *guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if *g.closed {
+	if g.closed.Load() {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
 	return g.tx.SendBatch(ctx, b)
@@ -84,28 +94,30 @@ func (g *guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 func (g *guardTx) LargeObjects() pgx.LargeObjects { return g.tx.LargeObjects() }
 
 func (g *guardTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if *g.closed {
+	if g.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
 	return g.tx.Prepare(ctx, name, sql)
 }
 
 func (g *guardTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if *g.closed {
+	if g.closed.Load() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	return g.tx.Exec(ctx, sql, args...)
 }
 
 func (g *guardTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if *g.closed {
-		return nil, pgx.ErrTxClosed
+	if g.closed.Load() {
+		// Rows that carry the error too, as pgx's own ended transactions
+		// return: pgx lets callers read Query's error from the Rows.
+		return errRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
 	}
 	return g.tx.Query(ctx, sql, args...)
 }
 
 func (g *guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if *g.closed {
+	if g.closed.Load() {
 		return errRow{pgx.ErrTxClosed}
 	}
 	return g.tx.QueryRow(ctx, sql, args...)
@@ -117,7 +129,7 @@ func (g *guardTx) Conn() *pgx.Conn { return g.tx.Conn() }
 // nil once fn has returned. It lets an adapter find its own transaction
 // type behind the guard: idemsql.SQLTx uses it to hand fn the *sql.Tx.
 func (g *guardTx) Unwrap() pgx.Tx {
-	if *g.closed {
+	if g.closed.Load() {
 		return nil
 	}
 	return g.tx
@@ -126,3 +138,17 @@ func (g *guardTx) Unwrap() pgx.Tx {
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
+
+// errRows is Rows that hold only an error.
+type errRows struct{ err error }
+
+func (r errRows) Close()                                       {}
+func (r errRows) Err() error                                   { return r.err }
+func (r errRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r errRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r errRows) Next() bool                                   { return false }
+func (r errRows) Scan(...any) error                            { return r.err }
+func (r errRows) Values() ([]any, error)                       { return nil, r.err }
+func (r errRows) RawValues() [][]byte                          { return nil }
+func (r errRows) Conn() *pgx.Conn                              { return nil }
+func (r errRows) TypeMap() *pgtype.Map                         { return nil }

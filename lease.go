@@ -117,7 +117,7 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 				claimed = err == nil
 				return err
 			})
-		b.Queue(cfg.q.read, key.Scope, key.ID).QueryRow(func(r pgx.Row) error {
+		b.Queue(cfg.q.leaseRead, key.Scope, key.ID).QueryRow(func(r pgx.Row) error {
 			err := r.Scan(rec.scanTargets(false)...)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil

@@ -123,8 +123,12 @@ type queries struct {
 	// purge deletes a batch of expired records (never a lease record still
 	// processing); purgeSkipLocked also skips rows other transactions hold.
 	purge, purgeSkipLocked string
-	// read returns the record of a key.
-	read string
+	// read returns the record of a key. leaseRead is the same statement
+	// under a text of its own, for Claim's pgx.Batch: read is prepared on
+	// connections under its text as name, and a pgx.Batch on a pool, whose
+	// connection idem cannot reach afterwards, would pick it up and could
+	// not recover it after a DISCARD ALL (see forgetStale).
+	read, leaseRead string
 	// takeover re-claims an expired or orphaned record, waiting for a
 	// transaction that holds its row; takeoverNoWait skips such a row.
 	takeover       string
@@ -306,7 +310,8 @@ WHERE scope = $1 AND key = $2 AND status = 'issued' AND expires_at > clock_times
 	SELECT ctid FROM ` + t + ` WHERE ` + purgeable + `
 	LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 
-		read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
+		read:      `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
+		leaseRead: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2 -- lease`,
 
 		takeover: `UPDATE ` + t + ` SET ` + takeoverSet + `
 WHERE scope = $1 AND key = $2 AND attempt = $5 AND ` + takeable + `

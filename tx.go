@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -146,21 +147,21 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 			}
 			return zero, err
 		}
-		// The savepoint is released after the completion, so that a failed
-		// completion can still be undone with it.
-		if _, err := c.complete(ctx, StatusSucceeded, data, rec.attempt, "RELEASE SAVEPOINT "+spFn); err != nil {
+		// The savepoints are released after the completion, so that a
+		// failed completion can still be undone with them.
+		if _, err := c.complete(ctx, StatusSucceeded, data, rec.attempt, "RELEASE SAVEPOINT "+c.outerSavepoint()); err != nil {
 			// Undo fn's writes too, so that a caller who commits anyway
 			// cannot commit them without their record.
 			return zero, errors.Join(fmt.Errorf("idem: recording the result: %w", err), c.abandon(ctx, rec.attempt))
 		}
 		return Result[T]{Value: v}, nil
 	case IsPermanent(fnErr):
-		// Undo fn's writes but keep the savepoint until the failure is
+		// Undo fn's writes but keep the claim until the failure is
 		// recorded. ROLLBACK TO goes alone: fn may have left the
 		// savepoint aborted, where nothing else can be prepared.
 		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn)
 		if err == nil {
-			_, err = c.complete(ctx, StatusFailed, failureMessage(cfg, fnErr), rec.attempt, "RELEASE SAVEPOINT "+spFn)
+			_, err = c.complete(ctx, StatusFailed, failureMessage(cfg, fnErr), rec.attempt, "RELEASE SAVEPOINT "+c.outerSavepoint())
 		}
 		if err != nil {
 			// Not recorded: this must not look like a recorded business
@@ -337,7 +338,10 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 			if IsPermanent(fnErr) {
 				*failure = fnErr
 				if err := rollback(ctx, tx); err != nil {
-					return res, errors.Join(fnErr, err)
+					// Nothing was recorded: this must not look like a
+					// recorded business outcome, so fnErr is reported by
+					// message only.
+					return res, fmt.Errorf("idem: rolling back before recording the permanent failure %q: %w", fnErr.Error(), err)
 				}
 				// Claim again in a new transaction and record the failure
 				// there; if another execution committed first, its outcome
@@ -417,6 +421,14 @@ type claimer struct {
 	cfg       *config
 	key       Key
 	savepoint bool // leave savepoint spFn open after a successful claim
+
+	// changed (with savepoint) reports that the claim updated a record
+	// that existed before it (an issued token, or a record taken over)
+	// rather than inserting one, and ran in savepoint spClaim, taken before
+	// it and still open around spFn: undoing the execution rolls back to
+	// spClaim, which puts that record back as it was. A claim that
+	// inserted its record is undone by deleting it.
+	changed bool
 
 	// endOnReplay (Do only) sends ROLLBACK with the read that follows a
 	// conflict, so that a replay costs two round trips; ended reports that
@@ -528,13 +540,19 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 	case c.cfg.requireIssued:
 		claimSQL = c.q.claimIssued
 	}
-	if c.cfg.noWait && begin == nil {
+	//
+	// A claim of an issued token in the caller's transaction updates the
+	// token's record, so it keeps spClaim open around fn's savepoint until
+	// the completion (see claimer.changed).
+	c.changed = c.savepoint && c.cfg.requireIssued
+	outer := c.changed || (c.cfg.noWait && begin == nil)
+	if outer {
 		w.queue(ctx, "SAVEPOINT "+spClaim, nil, false)
 	}
 	claimAt := w.len()
 	w.queue(ctx, claimSQL, &rec, true, argString(c.key.Scope), argString(c.key.ID),
 		argBytes(nonNilFingerprint(c.key.Fingerprint)), argInt(c.cfg.ttl.Microseconds()))
-	if c.cfg.noWait && begin == nil {
+	if outer && !c.changed {
 		w.queue(ctx, "RELEASE SAVEPOINT "+spClaim, nil, false)
 	}
 	if c.savepoint {
@@ -572,8 +590,9 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 	w2 := newBatch(c.tx)
 	defer w2.free()
 	if c.savepoint {
-		w2.queue(ctx, "RELEASE SAVEPOINT "+spFn, nil, false)
+		w2.queue(ctx, "RELEASE SAVEPOINT "+c.outerSavepoint(), nil, false)
 	}
+	c.changed = false
 	readAt := w2.len()
 	c.queueRead(ctx, w2, &rec)
 	if c.endOnReplay {
@@ -623,6 +642,12 @@ func (c *claimer) takeover(ctx context.Context, rec *record) (bool, error) {
 	b := &pgx.Batch{}
 	var attempt int32
 	taken := false
+	// In the caller's transaction the takeover runs in spClaim (see
+	// claimer.changed): undoing the execution puts the record back as it
+	// was, with its attempt number, which fences out earlier holders.
+	if c.savepoint {
+		b.Queue("SAVEPOINT " + spClaim)
+	}
 	b.Queue(query, args...).QueryRow(func(r pgx.Row) error {
 		err := r.Scan(&attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -631,28 +656,46 @@ func (c *claimer) takeover(ctx context.Context, rec *record) (bool, error) {
 		taken = err == nil
 		return err
 	})
+	if c.savepoint {
+		b.Queue("SAVEPOINT " + spFn)
+	}
 	if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+		forgetStale(c.tx.Conn(), err)
 		return false, err
 	}
 	if !taken {
+		if c.savepoint {
+			if _, err := c.tx.Exec(ctx, "RELEASE SAVEPOINT "+spClaim); err != nil {
+				return false, err
+			}
+		}
 		return false, nil
 	}
-	if c.savepoint {
-		if _, err := c.tx.Exec(ctx, "SAVEPOINT "+spFn); err != nil {
-			return false, err
-		}
-	}
+	c.changed = c.savepoint
 	*rec = record{claimed: true, attempt: attempt, status: StatusProcessing}
 	return true, nil
 }
 
-// abandon undoes a claimed execution inside the caller's transaction: fn's
-// writes are rolled back to the savepoint and the claim is deleted.
+// outerSavepoint is the savepoint that holds a claimed execution in the
+// caller's transaction: spClaim when the claim changed an existing record,
+// spFn otherwise. Releasing it releases spFn too.
+func (c *claimer) outerSavepoint() string {
+	if c.changed {
+		return spClaim
+	}
+	return spFn
+}
+
+// abandon undoes a claimed execution inside the caller's transaction. A
+// claim that changed an existing record (an issued token, a record taken
+// over) is undone with fn's writes by rolling back to spClaim, which puts the
+// record back as it was, attempt number included; a claim that inserted its
+// record is undone by rolling back to spFn and deleting the record.
 func (c *claimer) abandon(ctx context.Context, attempt int32) error {
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	err := rollbackTo(ctx, c.tx, spFn)
-	if err == nil {
+	err := rollbackTo(ctx, c.tx, c.outerSavepoint())
+	if err == nil && !c.changed {
 		var tag pgconn.CommandTag
 		tag, err = c.tx.Exec(ctx, c.q.release, c.key.Scope, c.key.ID, attempt)
 		if err == nil && tag.RowsAffected() != 1 {
@@ -707,7 +750,10 @@ func backoff(p RetryPolicy, retry int) time.Duration {
 	if d <= 0 || d > p.MaxDelay {
 		d = p.MaxDelay
 	}
-	return rand.N(d + 1)
+	if d < math.MaxInt64 {
+		d++ // rand.N's bound is exclusive
+	}
+	return rand.N(d)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

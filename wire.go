@@ -60,7 +60,7 @@ func wireConn(tx pgx.Tx) (*pgx.Conn, *wireState) {
 		if !ok {
 			break
 		}
-		if *g.closed {
+		if g.closed.Load() {
 			return nil, nil
 		}
 		tx = g.tx
@@ -306,13 +306,22 @@ func (w *wireBatch) exec(ctx context.Context) error {
 	}
 	if w.pb != nil {
 		var br pgx.BatchResults
+		var conn *pgx.Conn
 		if w.begin != nil {
-			br = w.begin.conn.SendBatch(ctx, w.pb)
+			conn = w.begin.conn
+			br = conn.SendBatch(ctx, w.pb)
 			w.began = br.Tx()
 		} else {
+			conn = w.tx.Conn()
 			br = w.tx.SendBatch(ctx, w.pb)
 		}
-		return br.Close()
+		err := br.Close()
+		if err != nil {
+			// pgx.Batch uses the statements idem prepared on the
+			// connection too (they are named after their text).
+			forgetStale(conn, err)
+		}
+		return err
 	}
 	mrr := w.conn.PgConn().ExecBatch(ctx, &w.b)
 	var first error
@@ -334,29 +343,44 @@ func (w *wireBatch) exec(ctx context.Context) error {
 		first = err
 	}
 	if first != nil {
-		w.forgetStatements(first)
+		forgetStale(w.conn, first)
 	}
 	return first
 }
 
-// forgetStatements deallocates every statement idem prepared on the
-// connection when the server no longer has one of them (SQLSTATE 26000,
-// after a DISCARD or DEALLOCATE sent behind pgx's back) or refuses one whose
-// result type changed under it (0A000, after the record table was altered),
-// so that the next use prepares them again: the failing call returns its
-// error, the next one works. Deallocation is a protocol message, which an
-// aborted transaction accepts; a failure closes the connection.
-func (w *wireBatch) forgetStatements(err error) {
+// forgetStale deallocates every statement idem prepared on conn when the
+// server no longer has one of them (SQLSTATE 26000, after a DISCARD or
+// DEALLOCATE sent behind pgx's back) or refuses one whose result type changed
+// under it (0A000, after the record table was altered), so that the next use
+// prepares them again: the failing call returns its error, the next one
+// works. Statements are named after their text, so pgx.Batch picks them up
+// too, and its failures come here as well. Deallocation is a protocol
+// message, which an aborted transaction accepts; a failure closes the
+// connection.
+func forgetStale(conn *pgx.Conn, err error) {
 	switch pgCode(err) {
 	case "26000", "0A000":
-		ctx, cancel := cleanupContext(context.Background())
-		defer cancel()
-		for sql := range w.st.prepared {
-			if w.conn.Deallocate(ctx, sql) != nil {
-				return
-			}
-			delete(w.st.prepared, sql)
+	default:
+		return
+	}
+	if conn == nil || conn.IsClosed() {
+		return
+	}
+	data := conn.PgConn().CustomData()
+	if data == nil {
+		return
+	}
+	st, _ := data[wireKey].(*wireState)
+	if st == nil {
+		return
+	}
+	ctx, cancel := cleanupContext(context.Background())
+	defer cancel()
+	for sql := range st.prepared {
+		if conn.Deallocate(ctx, sql) != nil {
+			return
 		}
+		delete(st.prepared, sql)
 	}
 }
 

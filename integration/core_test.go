@@ -951,4 +951,9 @@ func TestFnHandlesDieWithFn(t *testing.T) {
 	require.ErrorIs(t, err, pgx.ErrTxClosed)
 	_, err = leakedSP.Begin(ctx)
 	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	// Query's error is in its Rows too, which pgx lets callers rely on.
+	rows, _ := leaked.Query(ctx, "SELECT 1")
+	require.NotNil(t, rows)
+	_, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
 }

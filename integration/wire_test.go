@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -198,7 +199,7 @@ func TestTracersSeeEveryStatement(t *testing.T) {
 		}
 	}
 	seen := rec.statements()
-	for _, part := range []string{"on conflict (scope, key) do nothing", "with done as", "savepoint idem_fn", "release savepoint idem_fn", "savepoint idem_claim", "select attempt, status"} {
+	for _, part := range []string{"on conflict (scope, key) do nothing", "with done as", "savepoint idem_fn", "release savepoint idem_fn", "savepoint idem_claim", "release savepoint idem_claim", "select attempt, status"} {
 		require.True(t, containsStatement(seen, part), "the tracer saw no statement with %q", part)
 	}
 	for _, st := range preparedStatements(t, execMode) {
@@ -286,4 +287,45 @@ func TestEndedTransactionsAreRefused(t *testing.T) {
 	var records int
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+s.Records).Scan(&records))
 	require.Zero(t, records, "no record reached a transaction that had ended, nor the connection's next owner")
+}
+
+// After a DISCARD ALL, Do and Claim recover too: Do's first round trip goes
+// through pgx.Batch, which picks up the statements idem prepared on the
+// connection (named after their text); its failure forgets them as the wire
+// path's does, and Claim's read has a text of its own.
+func TestDoAndClaimRecoverAfterDiscard(t *testing.T) {
+	s := pgtest.NewSchema(t, pgtest.Pool(t))
+	ctx := context.Background()
+	var writes atomic.Int64
+	conn := directConn(t, &writes)
+	fn := func(context.Context, pgx.Tx) (int, error) { return 7, nil }
+	withIdem := func(id string) {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+		_, err = idem.WithIdempotency(ctx, tx, idem.Key{Scope: "s", ID: id}, fn, s.Opt)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	withIdem("a")
+	withIdem("a") // the replay prepares the read as well
+
+	_, err := conn.Exec(ctx, "DISCARD ALL", pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	_, _, err = idem.Claim[int](ctx, conn, idem.Key{Scope: "s", ID: "lease-0"}, time.Minute, s.Opt)
+	require.NoError(t, err, "Claim does not use the statements idem prepared")
+	_, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "b"}, fn, s.Opt)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "26000", pgErr.Code, "the missing prepared statement")
+	for i := range 3 {
+		res, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "b"}, fn, s.Opt)
+		require.NoError(t, err, "call %d after the failing one", i)
+		require.Equal(t, i > 0, res.Replayed)
+		_, _, err = idem.Claim[int](ctx, conn, idem.Key{Scope: "s", ID: "lease-" + strconv.Itoa(i+1)}, time.Minute, s.Opt)
+		require.NoError(t, err)
+	}
+	res, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "a"}, fn, s.Opt)
+	require.NoError(t, err)
+	require.Equal(t, idem.Result[int]{Value: 7, Replayed: true}, res)
 }
