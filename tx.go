@@ -586,20 +586,27 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 
 	// Second round trip when the key was not claimed: settle the savepoint,
 	// read a record committed while the claim waited, and (Do) end the
-	// transaction.
+	// transaction. It goes even when ctx is done by now, so that no
+	// savepoint is left behind in a transaction still usable (where a call
+	// enclosing this one would meet it when undoing its own).
+	sctx, cancel := cleanupContext(ctx)
+	defer cancel()
 	w2 := newBatch(c.tx)
 	defer w2.free()
 	if c.savepoint {
-		w2.queue(ctx, "RELEASE SAVEPOINT "+c.outerSavepoint(), nil, false)
+		w2.queue(sctx, "RELEASE SAVEPOINT "+c.outerSavepoint(), nil, false)
 	}
 	c.changed = false
 	readAt := w2.len()
-	c.queueRead(ctx, w2, &rec)
+	c.queueRead(sctx, w2, &rec)
 	if c.endOnReplay {
-		w2.queue(ctx, "ROLLBACK", nil, false)
+		w2.queue(sctx, "ROLLBACK", nil, false)
 		c.ended = true
 	}
-	if err := w2.exec(ctx); err != nil {
+	if err := w2.exec(sctx); err != nil {
+		return rec, false, err
+	}
+	if err := ctx.Err(); err != nil {
 		return rec, false, err
 	}
 	return rec, w2.found[readAt], nil
@@ -665,7 +672,10 @@ func (c *claimer) takeover(ctx context.Context, rec *record) (bool, error) {
 	}
 	if !taken {
 		if c.savepoint {
-			if _, err := c.tx.Exec(ctx, "RELEASE SAVEPOINT "+spClaim); err != nil {
+			// Settled even when ctx is done by now (see insert).
+			sctx, cancel := cleanupContext(ctx)
+			defer cancel()
+			if _, err := c.tx.Exec(sctx, "RELEASE SAVEPOINT "+spClaim); err != nil {
 				return false, err
 			}
 		}
@@ -694,7 +704,16 @@ func (c *claimer) outerSavepoint() string {
 func (c *claimer) abandon(ctx context.Context, attempt int32) error {
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	err := rollbackTo(ctx, c.tx, c.outerSavepoint())
+	var err error
+	if c.changed {
+		// Rolling back to spFn first discards any savepoint opened after
+		// it: a call nested in fn whose claim failed leaves its own
+		// spClaim behind (in a transaction the failure aborted), which
+		// ROLLBACK TO spClaim alone would resolve to.
+		_, err = c.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn+"; ROLLBACK TO SAVEPOINT "+spClaim+"; RELEASE SAVEPOINT "+spClaim)
+	} else {
+		err = rollbackTo(ctx, c.tx, spFn)
+	}
 	if err == nil && !c.changed {
 		var tag pgconn.CommandTag
 		tag, err = c.tx.Exec(ctx, c.q.release, c.key.Scope, c.key.ID, attempt)
