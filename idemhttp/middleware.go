@@ -237,6 +237,13 @@ func sqlState(err error) string {
 	return ""
 }
 
+// txFailed reports whether tx's connection says its transaction failed (a
+// statement errored). Transactions without a Conn report false.
+func txFailed(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && c.PgConn().TxStatus() == 'E'
+}
+
 // recordable reports whether a response with status is recorded: 2xx-4xx
 // except 408, 409 and 429, which a client retries.
 func recordable(status int) bool {
@@ -290,6 +297,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var last *recorder // this request's latest execution of the handler
 	res, err := idem.Do(r.Context(), m.db, ikey, func(ctx context.Context, tx pgx.Tx) (response, error) {
 		rec := newRecorder(m.cfg.MaxResponseBody, w)
+		rec.aborted = func() bool { return txFailed(tx) }
 		last = rec
 		req := r.WithContext(context.WithValue(ctx, txKey{}, tx))
 		req.Body = io.NopCloser(bytes.NewReader(body))
@@ -302,7 +310,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			resp.Header = rec.header // the client gets every header, as sent
 			return response{}, &notRecorded{resp: resp}
 		}
-		if c := tx.Conn(); c != nil && c.PgConn().TxStatus() == 'E' {
+		if txFailed(tx) {
 			// A statement of the handler failed: nothing can commit
 			// (database/sql adapters without Conn fail at the
 			// completion instead, with SQLSTATE 25P02, handled below).
@@ -382,8 +390,9 @@ func problem(w http.ResponseWriter, status int, code, detail string) {
 }
 
 // recorder buffers the handler's response. It flushes nothing (Flush is a
-// no-op: the response goes out after the commit) and unwraps to the real
-// writer, so that http.ResponseController reaches its deadlines.
+// no-op: the response goes out after the commit), cannot be hijacked, and
+// passes deadlines and full duplex on to the real writer, so that
+// http.ResponseController works on it.
 type recorder struct {
 	header   http.Header
 	status   int
@@ -391,6 +400,9 @@ type recorder struct {
 	limit    int64
 	tooLarge bool
 	w        http.ResponseWriter
+	// aborted reports whether the handler's transaction failed: its
+	// response can never be recorded, so it is not capped either.
+	aborted func() bool
 }
 
 func newRecorder(limit int64, w http.ResponseWriter) *recorder {
@@ -400,8 +412,23 @@ func newRecorder(limit int64, w http.ResponseWriter) *recorder {
 // Flush does nothing: the response is sent once the transaction is over.
 func (rec *recorder) Flush() {}
 
-// Unwrap returns the real ResponseWriter, for http.ResponseController.
-func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
+// SetReadDeadline sets the real writer's read deadline (see
+// http.ResponseController).
+func (rec *recorder) SetReadDeadline(t time.Time) error {
+	return http.NewResponseController(rec.w).SetReadDeadline(t)
+}
+
+// SetWriteDeadline sets the real writer's write deadline (see
+// http.ResponseController).
+func (rec *recorder) SetWriteDeadline(t time.Time) error {
+	return http.NewResponseController(rec.w).SetWriteDeadline(t)
+}
+
+// EnableFullDuplex enables full duplex on the real writer (see
+// http.ResponseController).
+func (rec *recorder) EnableFullDuplex() error {
+	return http.NewResponseController(rec.w).EnableFullDuplex()
+}
 
 func (rec *recorder) Header() http.Header { return rec.header }
 
@@ -418,7 +445,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
-	if int64(rec.body.Len()+len(p)) > rec.limit && recordable(rec.status) {
+	if int64(rec.body.Len()+len(p)) > rec.limit && recordable(rec.status) && (rec.aborted == nil || !rec.aborted()) {
 		rec.tooLarge = true
 		return 0, errTooLarge
 	}

@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -110,12 +111,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		timer := time.AfterFunc(time.Until(deadline), cancel)
 		resp, err := base.RoundTrip(try)
 		expired := !timer.Stop()
+		if err == nil && expired {
+			// The headers came as the deadline passed: the try's context
+			// is cancelled already, so its body cannot be read.
+			if resp.Body != nil {
+				resp.Body.Close()
+			}
+			resp, err = nil, context.Canceled
+		}
 		if err != nil {
 			cancel()
 			if expired && ctx.Err() == nil {
 				err = fmt.Errorf("idemhttp: no response within MaxElapsed (%v): %w", maxElapsed, context.DeadlineExceeded)
 			}
-			err = &keyError{key: key, err: err}
+			err = &keyError{key: key, err: schemeMismatch(err)}
 		} else {
 			resp.Body = cancelOnClose(resp.Body, cancel)
 		}
@@ -188,9 +197,25 @@ func (e *keyError) Timeout() bool {
 	return errors.Is(e.err, context.DeadlineExceeded) || (errors.As(e.err, &ne) && ne.Timeout())
 }
 
-// cancelOnClose ends a try's context when its response body is closed. A
-// body that is also a Writer (a 101 Switching Protocols) stays one.
+// schemeMismatch turns the error of an https request answered in plain
+// HTTP into http.ErrSchemeMismatch, as http.Client does for errors it can
+// see unwrapped.
+func schemeMismatch(err error) error {
+	var rhe tls.RecordHeaderError
+	if errors.As(err, &rhe) && string(rhe.RecordHeader[:]) == "HTTP/" {
+		return http.ErrSchemeMismatch
+	}
+	return err
+}
+
+// cancelOnClose ends a try's context when its response body is closed (at
+// once when there is no body). A body that is also a Writer (a 101
+// Switching Protocols) stays one.
 func cancelOnClose(body io.ReadCloser, cancel context.CancelFunc) io.ReadCloser {
+	if body == nil || body == http.NoBody {
+		cancel()
+		return http.NoBody
+	}
 	if rwc, ok := body.(io.ReadWriteCloser); ok {
 		return &cancelReadWriteCloser{ReadWriteCloser: rwc, cancel: cancel}
 	}

@@ -218,3 +218,73 @@ func TestRetryAfterClamps(t *testing.T) {
 		t.Errorf("retryAfter(-1) = %v", d)
 	}
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A Base that returns a nil Body, which http.Client tolerates, gives an
+// empty body, not a wrapper around nil.
+func TestTransportNilBodyFromBase(t *testing.T) {
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Request: r}, nil
+	})
+	client := &http.Client{Transport: &Transport{Base: base}}
+	req, _ := http.NewRequest(http.MethodPost, "http://example.invalid/", strings.NewReader("x"))
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || len(b) != 0 {
+		t.Fatalf("body %q, err %v", b, err)
+	}
+	if err := resp.Body.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Headers that arrive only after MaxElapsed (here a Base that works on
+// after its RoundTrip) would come with a body whose context is cancelled:
+// the Transport answers the deadline instead, with the key.
+func TestTransportAnswerAfterMaxElapsedIsADeadline(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "body")
+	}))
+	defer srv.Close()
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := http.DefaultTransport.RoundTrip(r)
+		<-r.Context().Done() // still busy when the deadline passes
+		return resp, err
+	})
+	client := &http.Client{Transport: &Transport{Base: base, MaxElapsed: 100 * time.Millisecond}}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+	resp, err := client.Do(req)
+	if err == nil {
+		b, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Fatalf("got %d %q (read error %v), want the deadline", resp.StatusCode, b, rerr)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || KeyOfError(err) == "" {
+		t.Fatalf("err = %v (key %q)", err, KeyOfError(err))
+	}
+}
+
+// An https request answered in plain HTTP is http.ErrSchemeMismatch, as
+// through http.DefaultTransport.
+func TestTransportSchemeMismatch(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	url := "https" + strings.TrimPrefix(srv.URL, "http")
+	for _, rt := range []http.RoundTripper{http.DefaultTransport, &Transport{MaxAttempts: 1}} {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("x"))
+		resp, err := (&http.Client{Transport: rt}).Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		if !errors.Is(err, http.ErrSchemeMismatch) {
+			t.Errorf("%T: %v is not http.ErrSchemeMismatch", rt, err)
+		}
+	}
+}

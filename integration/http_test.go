@@ -486,3 +486,50 @@ func TestHTTPHandlerFlushesAndSetsDeadlines(t *testing.T) {
 	require.Equal(t, first.body, again.body)
 	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
 }
+
+// A handler cannot hijack the connection through http.ResponseController
+// while its transaction is open: the client would get an answer that is not
+// the one recorded.
+func TestHTTPHandlerCannotHijack(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := w.(http.Hijacker); ok {
+			t.Error("the recording writer is a Hijacker")
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+			t.Error("Hijack through ResponseController succeeded")
+			return
+		}
+		require.ErrorIs(t, err, http.ErrNotSupported)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "created")
+	})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	first := post(t, srv.URL, "kim", `"hj"`, "x")
+	again := post(t, srv.URL, "kim", `"hj"`, "x")
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, "created", first.body)
+	require.Equal(t, first.body, again.body)
+	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
+}
+
+// A rejection after a failed statement is never recorded, so it is not
+// capped either: it goes out whole.
+func TestHTTPRejectionAfterAFailedStatementIsNotCapped(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	page := strings.Repeat("e", 200)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = idemhttp.Tx(r.Context()).Exec(r.Context(), `SELECT 1/0`)
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = io.WriteString(w, page)
+	})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.Option{s.Opt}})
+	r := post(t, srv.URL, "lee", `"cap"`, "x")
+	require.Equal(t, http.StatusUnprocessableEntity, r.status)
+	require.Equal(t, page, r.body)
+	require.Nil(t, s.ReadRecord(t, pool, idem.Key{Scope: "lee", ID: "cap"}))
+}
