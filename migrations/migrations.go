@@ -16,11 +16,13 @@ package migrations
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
 	"strings"
+	"sync"
 	"testing/fstest"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -39,9 +41,12 @@ import (
 //go:embed *.sql
 var FS embed.FS
 
-// DB is what Up, Down and Version accept. A *pgxpool.Pool is used through
-// stdlib.OpenDBFromPool and a *pgx.Conn through a second connection made from
-// its configuration; neither is closed.
+// DB is what Up, Down and Version accept. They work over a connection of
+// their own, made from the configuration of the *pgxpool.Pool (with its
+// BeforeConnect and AfterConnect) or of the *pgx.Conn, and close it when they
+// end, whatever happened: the caller's pool or connection is neither used
+// nor closed, and no session state of the migration (golang-migrate's
+// advisory lock) outlives it.
 type DB interface {
 	*pgxpool.Pool | *pgx.Conn
 }
@@ -63,6 +68,10 @@ func WithTable(schema, table string) Option {
 	return func(c *config) {
 		if err := idem.ValidateTableName(schema, table); err != nil {
 			c.err = err
+			return
+		}
+		if table == idem.DefaultInboxTable {
+			c.err = fmt.Errorf("%w: %q is the inbox table's name", idem.ErrInvalidOption, table)
 			return
 		}
 		c.schema, c.table = schema, table
@@ -87,8 +96,9 @@ func Up[D DB](ctx context.Context, db D, opts ...Option) error {
 	return run(ctx, db, opts, func(m *migrate.Migrate) error { return m.Up() })
 }
 
-// Down reverts every applied migration, dropping the record table. It
-// succeeds when there is nothing to revert.
+// Down reverts every applied migration, dropping the record table and the
+// schema's inbox table, which the schema's record tables share. It succeeds
+// when there is nothing to revert.
 func Down[D DB](ctx context.Context, db D, opts ...Option) error {
 	return run(ctx, db, opts, func(m *migrate.Migrate) error { return m.Down() })
 }
@@ -123,16 +133,30 @@ func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migr
 		return err
 	}
 
-	var sqlDB *sql.DB
+	var connector driver.Connector
 	switch d := any(db).(type) {
 	case *pgxpool.Pool:
-		sqlDB = stdlib.OpenDBFromPool(d) // closing it leaves the pool open
+		pc := d.Config()
+		var opts []stdlib.OptionOpenDB
+		if pc.BeforeConnect != nil {
+			opts = append(opts, stdlib.OptionBeforeConnect(pc.BeforeConnect))
+		}
+		if pc.AfterConnect != nil {
+			opts = append(opts, stdlib.OptionAfterConnect(pc.AfterConnect))
+		}
+		connector = stdlib.GetConnector(*pc.ConnConfig, opts...)
 	case *pgx.Conn:
-		sqlDB = stdlib.OpenDB(*d.Config())
+		connector = stdlib.GetConnector(*d.Config())
 	}
+	// Every connection the run opens is closed when it ends, also the one
+	// golang-migrate keeps and does not close when its setup fails (a
+	// read-only session, no CREATE right).
+	tc := &trackingConnector{Connector: connector}
+	defer tc.closeAll()
+	sqlDB := sql.OpenDB(tc)
 
 	if cfg.schema != "" {
-		if _, err := sqlDB.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{cfg.schema}.Sanitize()); err != nil {
+		if _, err := sqlDB.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{cfg.schema}.Sanitize()); err != nil && !schemaCreatedMeanwhile(err) {
 			sqlDB.Close()
 			return fmt.Errorf("migrations: creating schema %q: %w", cfg.schema, err)
 		}
@@ -175,6 +199,49 @@ func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migr
 		return fmt.Errorf("migrations: %w", err)
 	}
 	return nil
+}
+
+// schemaCreatedMeanwhile reports whether CREATE SCHEMA IF NOT EXISTS failed
+// because a concurrent run created the schema first (PostgreSQL does not
+// make IF NOT EXISTS safe against that).
+func schemaCreatedMeanwhile(err error) bool {
+	var e interface{ SQLState() string }
+	return errors.As(err, &e) && (e.SQLState() == "23505" || e.SQLState() == "42P06")
+}
+
+// trackingConnector opens connections through Connector and closes every
+// one of them in closeAll, whoever holds it.
+type trackingConnector struct {
+	driver.Connector
+	mu     sync.Mutex
+	conns  []driver.Conn
+	closed bool
+}
+
+func (t *trackingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	c, err := t.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		c.Close()
+		return nil, errors.New("migrations: the run has ended")
+	}
+	t.conns = append(t.conns, c)
+	return c, nil
+}
+
+// closeAll closes every connection opened (closing one twice is harmless).
+func (t *trackingConnector) closeAll() {
+	t.mu.Lock()
+	conns := t.conns
+	t.conns, t.closed = nil, true
+	t.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // Files returns the migration files for a record table named schema.table

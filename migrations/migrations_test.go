@@ -48,8 +48,8 @@ func TestFilesRenameTheTable(t *testing.T) {
 
 	inbox, err := fs.ReadFile(fsys, "000002_create_idem_inbox.up.sql")
 	require.NoError(t, err)
-	require.Contains(t, string(inbox), `CREATE TABLE "app"."idem_inbox"`)
-	require.Contains(t, string(inbox), `CREATE INDEX "idem_inbox_consumed_at_idx" ON "app"."idem_inbox"`)
+	require.Contains(t, string(inbox), `CREATE TABLE IF NOT EXISTS "app"."idem_inbox"`)
+	require.Contains(t, string(inbox), `CREATE INDEX IF NOT EXISTS "idem_inbox_consumed_at_idx" ON "app"."idem_inbox"`)
 
 	require.Equal(t, migrations.FS, migrations.Files("", "idempotent_record"), "the default names use the raw files")
 }
