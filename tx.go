@@ -711,10 +711,7 @@ func (c *claimer) abandon(ctx context.Context, attempt int32) error {
 		// spClaim behind (in a transaction the failure aborted), which
 		// ROLLBACK TO spClaim alone would resolve to.
 		_, err = c.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn+"; ROLLBACK TO SAVEPOINT "+spClaim+"; RELEASE SAVEPOINT "+spClaim)
-	} else {
-		err = rollbackTo(ctx, c.tx, spFn)
-	}
-	if err == nil && !c.changed {
+	} else if err = rollbackTo(ctx, c.tx, spFn); err == nil {
 		var tag pgconn.CommandTag
 		tag, err = c.tx.Exec(ctx, c.q.release, c.key.Scope, c.key.ID, attempt)
 		if err == nil && tag.RowsAffected() != 1 {

@@ -216,10 +216,11 @@ func cancelOnClose(body io.ReadCloser, cancel context.CancelFunc) io.ReadCloser 
 		cancel()
 		return http.NoBody
 	}
-	if rwc, ok := body.(io.ReadWriteCloser); ok {
-		return &cancelReadWriteCloser{ReadWriteCloser: rwc, cancel: cancel}
+	b := &cancelReadCloser{ReadCloser: body, cancel: cancel}
+	if w, ok := body.(io.Writer); ok {
+		return &cancelReadWriteCloser{cancelReadCloser: b, Writer: w}
 	}
-	return &cancelReadCloser{ReadCloser: body, cancel: cancel}
+	return b
 }
 
 type cancelReadCloser struct {
@@ -233,15 +234,12 @@ func (b *cancelReadCloser) Close() error {
 	return err
 }
 
-type cancelReadWriteCloser struct {
-	io.ReadWriteCloser
-	cancel context.CancelFunc
-}
+var _ io.ReadWriteCloser = (*cancelReadWriteCloser)(nil)
 
-func (b *cancelReadWriteCloser) Close() error {
-	err := b.ReadWriteCloser.Close()
-	b.cancel()
-	return err
+// cancelReadWriteCloser is cancelReadCloser for a body that is a Writer too.
+type cancelReadWriteCloser struct {
+	*cancelReadCloser
+	io.Writer
 }
 
 func retryable(resp *http.Response, err error) bool {
