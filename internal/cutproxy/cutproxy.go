@@ -1,9 +1,11 @@
 // Package cutproxy is a TCP proxy in front of PostgreSQL that can cut a
 // connection when the client sends COMMIT, before any answer comes back: the
-// client cannot tell whether its transaction committed. The cut comes right
-// after the COMMIT is forwarded (the transaction commits) or, with
-// SetDropRate, instead of forwarding it (the server rolls it back), so that
-// both outcomes hide behind the same error.
+// client cannot tell whether its transaction committed. A cut ends the
+// client's side first, so that no answer can reach it however fast the
+// server is, then forwards the COMMIT and ends the server's side after it
+// (the transaction commits) or, with SetDropRate, ends the server's side
+// instead of forwarding it (the server rolls it back), so that both outcomes
+// hide behind the same error.
 //
 // The integration tests and the bench's fault suite use it; it is never part
 // of the library. It reads the client's protocol messages: a COMMIT is a
@@ -17,13 +19,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -149,37 +151,24 @@ func (p *Proxy) serve() {
 			server.Close()
 			return
 		}
-		p.wg.Go(func() {
-			_, _ = io.Copy(client, server)
-			p.untrack(client)
-		})
-		p.wg.Go(func() {
-			defer p.untrack(server)
-			defer p.untrack(client)
-			p.forward(client, server)
-		})
+		cut := &atomic.Bool{}
+		p.wg.Go(func() { p.relay(client, server, cut) })
+		p.wg.Go(func() { p.forward(client, server, cut) })
 	}
 }
 
-// forward copies the client's messages to the server until either side ends
-// or a COMMIT is chosen to be the last message.
-func (p *Proxy) forward(client, server net.Conn) {
+// relay copies the server's replies to the client until either side ends.
+// After a cut (the client's side is closed) it reads the server's replies
+// and discards them until the server ends the connection, so that the
+// COMMIT forwarded last is executed rather than lost to a reset.
+func (p *Proxy) relay(client, server net.Conn, cut *atomic.Bool) {
+	defer p.untrack(server)
+	defer p.untrack(client)
 	buf := make([]byte, 64<<10)
-	st := &stream{named: map[string]bool{}}
 	for {
-		n, err := client.Read(buf)
-		if n > 0 {
-			cut, drop := false, false
-			if st.feed(buf[:n]) {
-				cut, drop = p.cut()
-			}
-			if drop {
-				return // the COMMIT never reaches the server: it rolls back
-			}
-			if _, werr := server.Write(buf[:n]); werr != nil {
-				return
-			}
-			if cut {
+		n, err := server.Read(buf)
+		if n > 0 && !cut.Load() {
+			if _, werr := client.Write(buf[:n]); werr != nil && !cut.Load() {
 				return
 			}
 		}
@@ -187,6 +176,56 @@ func (p *Proxy) forward(client, server net.Conn) {
 			return
 		}
 	}
+}
+
+// cutDrainTimeout bounds how long, after a cut, the proxy waits for the
+// server to end a connection it sent the COMMIT and end-of-file on.
+const cutDrainTimeout = 30 * time.Second
+
+// forward copies the client's messages to the server until either side ends
+// or a COMMIT is chosen to be the last message. A cut closes the client's
+// side first, so that no reply can reach the client, then forwards the
+// chunk carrying the COMMIT (unless it is dropped) and ends the server's
+// side: after the COMMIT when it was forwarded, in its place when not.
+func (p *Proxy) forward(client, server net.Conn, cut *atomic.Bool) {
+	buf := make([]byte, 64<<10)
+	st := &stream{named: map[string]bool{}}
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			cutHere, drop := false, false
+			if st.feed(buf[:n]) {
+				cutHere, drop = p.cut()
+			}
+			if cutHere {
+				cut.Store(true)
+				p.untrack(client)
+				if drop {
+					p.untrack(server) // the COMMIT never reaches the server: it rolls back
+					return
+				}
+				if _, werr := server.Write(buf[:n]); werr != nil {
+					p.untrack(server)
+					return
+				}
+				// End-of-file after the COMMIT: the server executes it,
+				// answers into relay's discard, and ends the session.
+				_ = server.SetReadDeadline(time.Now().Add(cutDrainTimeout))
+				if cw, ok := server.(interface{ CloseWrite() error }); !ok || cw.CloseWrite() != nil {
+					p.untrack(server)
+				}
+				return
+			}
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	p.untrack(client)
+	p.untrack(server)
 }
 
 // cut decides whether a chunk carrying a COMMIT ends its connection, and if

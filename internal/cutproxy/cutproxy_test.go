@@ -1,8 +1,15 @@
 package cutproxy
 
 import (
+	"context"
+	"net"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
@@ -58,5 +65,125 @@ func TestStreamFindsCommits(t *testing.T) {
 				t.Fatalf("%s split at %d: %v then %v, want one COMMIT: %v", s.name, cut, first, second, s.commit)
 			}
 		}
+	}
+}
+
+// instantServer is a PostgreSQL server that answers every simple query the
+// moment it arrives, the fastest a server can be. It accepts any startup,
+// and when a connection ends it sends the queries that connection carried
+// on sessions.
+type instantServer struct {
+	ln       net.Listener
+	sessions chan []string
+}
+
+func newInstantServer(t *testing.T) *instantServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &instantServer{ln: ln, sessions: make(chan []string, 1000)}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { s.serve(c) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	return s
+}
+
+// url is the server's connection string.
+func (s *instantServer) url() string {
+	return "postgres://u@" + s.ln.Addr().String() + "/db?sslmode=disable"
+}
+
+func (s *instantServer) serve(c net.Conn) {
+	defer c.Close()
+	b := pgproto3.NewBackend(c, c)
+	if m, err := b.ReceiveStartupMessage(); err != nil {
+		return
+	} else if _, ok := m.(*pgproto3.StartupMessage); !ok {
+		return // a cancel request (pgconn sends one for a broken query): no session
+	}
+	var queries []string
+	defer func() { s.sessions <- queries }()
+	b.Send(&pgproto3.AuthenticationOk{})
+	b.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{1, 2, 3, 4}})
+	b.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	if b.Flush() != nil {
+		return
+	}
+	for {
+		msg, err := b.Receive()
+		if err != nil {
+			return
+		}
+		q, ok := msg.(*pgproto3.Query)
+		if !ok {
+			continue
+		}
+		queries = append(queries, q.String)
+		b.Send(&pgproto3.CommandComplete{CommandTag: []byte(strings.Fields(q.String)[0])})
+		b.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+		if b.Flush() != nil {
+			return
+		}
+	}
+}
+
+// TestCutCommitIsNeverAnswered cuts COMMITs in front of a server that
+// answers at once: the client never gets the answer, whether the COMMIT
+// reached the server (forwarded, then cut) or not (dropped), and a query
+// before it on the same connection is relayed as usual.
+func TestCutCommitIsNeverAnswered(t *testing.T) {
+	srv := newInstantServer(t)
+	p, err := New(srv.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	p.SetCutRate(1)
+	ctx := context.Background()
+	const rounds = 200
+	for i := range rounds {
+		dropped := i%4 == 3
+		p.SetDropRate(map[bool]float64{false: 0, true: 1}[dropped])
+		conn, err := pgconn.Connect(ctx, p.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "SELECT 1").ReadAll(); err != nil {
+			t.Fatalf("round %d: a query before the COMMIT: %v", i, err)
+		}
+		_, err = conn.Exec(ctx, "COMMIT").ReadAll()
+		conn.Close(ctx)
+		if err == nil {
+			t.Fatalf("round %d (dropped %v): the cut COMMIT was answered", i, dropped)
+		}
+		var got []string
+		select {
+		case got = <-srv.sessions:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the server's connection did not end", i)
+		}
+		want := []string{"SELECT 1", "COMMIT"}
+		if dropped {
+			want = want[:1]
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("round %d (dropped %v): the server received %q, want %q", i, dropped, got, want)
+		}
+	}
+	if p.Cuts() != rounds || p.Drops() != rounds/4 {
+		t.Fatalf("cuts %d, drops %d; want %d, %d", p.Cuts(), p.Drops(), rounds, rounds/4)
 	}
 }
