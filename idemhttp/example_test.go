@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,14 +20,38 @@ import (
 	"github.com/idemkit/idem/migrations"
 )
 
-// ExampleMiddleware needs a database: TEST_DATABASE_URL.
+// databaseExamples are the examples that run against PostgreSQL. The
+// package's tests need no database.
+var databaseExamples = []string{"ExampleMiddleware"}
+
+// ExampleMiddleware needs a database: TEST_DATABASE_URL. Without it the run
+// fails at once, unless -short is set: then the examples that need the
+// database are skipped, saying so, and everything else runs.
 func TestMain(m *testing.M) {
+	flag.Parse()
 	if os.Getenv("TEST_DATABASE_URL") == "" {
-		fmt.Fprintln(os.Stderr, `TEST_DATABASE_URL is not set. The examples of this package run against PostgreSQL:
-    TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go test ./...`)
-		os.Exit(1)
+		if !testing.Short() {
+			fmt.Fprintln(os.Stderr, `TEST_DATABASE_URL is not set. The examples of this package run against PostgreSQL:
+    TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go test ./...
+go test -short runs only what needs no database.`)
+			os.Exit(1)
+		}
+		skip(databaseExamples)
+		fmt.Fprintf(os.Stderr, "-short without TEST_DATABASE_URL: skipping the examples that run against PostgreSQL (%s)\n",
+			strings.Join(databaseExamples, ", "))
 	}
 	os.Exit(m.Run())
+}
+
+// skip adds names to -test.skip, keeping the skip pattern the run was given.
+func skip(names []string) {
+	pattern := "^(" + strings.Join(names, "|") + ")$"
+	if own := flag.Lookup("test.skip").Value.String(); own != "" {
+		pattern = own + "|" + pattern
+	}
+	if err := flag.Set("test.skip", pattern); err != nil {
+		panic(err)
+	}
 }
 
 // The handler runs in the request's transaction and its answer is recorded
