@@ -14,7 +14,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/examples/internal/browser"
+	"github.com/idemkit/idem/examples/internal/exampletest"
 )
+
+// The tests leave no schema behind (see exampletest.Main).
+func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
 func newTestServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Helper()

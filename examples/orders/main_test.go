@@ -11,7 +11,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/idemkit/idem/examples/internal/exampletest"
 )
+
+// The tests leave no schema behind (see exampletest.Main).
+func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
 func newTestServer(t *testing.T) (*httptest.Server, *service) {
 	t.Helper()

@@ -6,7 +6,12 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/idemkit/idem/examples/internal/exampletest"
 )
+
+// The tests leave no schema behind (see exampletest.Main).
+func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
 // The example checks itself: run fails unless the gateway holds exactly one
 // charge and the database one payment.

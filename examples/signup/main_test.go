@@ -13,7 +13,11 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/idemkit/idem/examples/internal/browser"
+	"github.com/idemkit/idem/examples/internal/exampletest"
 )
+
+// The tests leave no schema behind (see exampletest.Main).
+func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
 type testServer struct {
 	*httptest.Server
