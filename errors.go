@@ -36,6 +36,14 @@ var (
 	// runs fn once if nothing was committed.
 	ErrOutcomeUnknown = errors.New("idem: commit outcome unknown")
 
+	// ErrHoldTimeout means the call held its key longer than WithHoldTimeout
+	// allows and PostgreSQL ended its transaction: the session sat idle in
+	// the transaction (fn waiting on something else, say) or ran one
+	// statement for longer than the bound. Nothing was recorded, and a
+	// waiting duplicate has taken the key over; retrying with the same key
+	// replays its result, or runs fn once if nothing committed.
+	ErrHoldTimeout = errors.New("idem: key held past its hold timeout; the server ended the transaction")
+
 	// ErrNotFound means the row or record asked for does not exist.
 	ErrNotFound = errors.New("idem: not found")
 
@@ -113,6 +121,8 @@ const (
 	sqlstateDeadlockDetected     = "40P01"
 	sqlstateLockNotAvailable     = "55P03"
 	sqlstateUniqueViolation      = "23505"
+	sqlstateIdleInTxTimeout      = "25P03"
+	sqlstateQueryCanceled        = "57014"
 )
 
 // IsRetryable reports whether err is a serialization failure (SQLSTATE 40001)

@@ -30,8 +30,9 @@ type config struct {
 	inbox         *inboxQueries // the inbox table's statements
 	txOptions     pgx.TxOptions
 	retry         RetryPolicy
-	maxResult     int   // the largest encoded result recorded, in bytes
-	hooks         Hooks // nil: no events
+	maxResult     int           // the largest encoded result recorded, in bytes
+	holdTimeout   time.Duration // 0: no bound of idem's own (WithHoldTimeout)
+	hooks         Hooks         // nil: no events
 	// op names the entry point in events ("" for the function's own
 	// name); Do sets it for the WithIdempotency it runs.
 	op  string

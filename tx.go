@@ -82,6 +82,8 @@ const (
 //
 // fn receives tx (behind a guard that refuses Commit and Rollback) and must
 // not commit or roll it back, nor call WithIdempotency with the same key.
+// How long fn may hold the key is bounded only by the transaction's own
+// settings unless WithHoldTimeout sets a bound.
 func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (Result[T], error) {
 	var zero Result[T]
@@ -102,6 +104,7 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	}
 	start := time.Now()
 	res, err := withIdempotency(ctx, tx, key, fn, &cfg)
+	err = holdError(ctx, &cfg, err)
 	cfg.report(ctx, cmp.Or(cfg.op, "WithIdempotency"), key, start, res.Replayed, err)
 	return res, withContextErr(ctx, err)
 }
@@ -130,6 +133,11 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	}
 	if !rec.claimed {
 		return replay[T](rec, cfg)
+	}
+	if cfg.holdTimeout > 0 {
+		if c.held, err = bound(ctx, tx, cfg.holdTimeout); err != nil {
+			return zero, errors.Join(err, c.abandon(ctx, rec.attempt))
+		}
 	}
 
 	g := newGuard(tx)
@@ -199,6 +207,11 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 // Calling Do again with the same key settles it: the committed result is
 // replayed, or, if nothing committed, fn runs once. When ctx is done, the
 // error matches ctx.Err() (errors.Is), whatever the driver reported.
+//
+// By default Do sets no bound of its own on how long fn may hold the key: a
+// holder that hangs with its connection open blocks the key, and every
+// duplicate waiting for it, until the server's own settings (if any) end its
+// transaction. WithHoldTimeout sets one that PostgreSQL enforces.
 func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (Result[T], error) {
 	var zero Result[T]
@@ -223,6 +236,7 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	_, isTx := db.(pgx.Tx)
 	for attempt := 1; ; attempt++ {
 		res, err := doOnce(ctx, db, key, fn, &cfg, &failure, start)
+		err = holdError(ctx, &cfg, err)
 		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts || isTx {
 			// Inside an enclosing transaction (db is a pgx.Tx) a retry
 			// would meet the same snapshot: that transaction must retry.
@@ -430,6 +444,10 @@ type claimer struct {
 	// inserted its record is undone by deleting it.
 	changed bool
 
+	// held (WithIdempotency with a hold timeout) keeps the settings the
+	// bound replaced, put back by the completion.
+	held *heldSettings
+
 	// endOnReplay (Do only) sends ROLLBACK with the read that follows a
 	// conflict, so that a replay costs two round trips; ended reports that
 	// it did.
@@ -552,6 +570,11 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 	claimAt := w.len()
 	w.queue(ctx, claimSQL, &rec, true, argString(c.key.Scope), argString(c.key.ID),
 		argBytes(nonNilFingerprint(c.key.Fingerprint)), argInt(c.cfg.ttl.Microseconds()))
+	if c.cfg.holdTimeout > 0 && !c.savepoint {
+		// Do's own transaction: bound the rest of it in this round trip
+		// (see WithHoldTimeout). Without a claim, Do ends the transaction.
+		w.queue(ctx, holdSet, nil, false, argInt(holdMillis(c.cfg.holdTimeout)))
+	}
 	if outer && !c.changed {
 		w.queue(ctx, "RELEASE SAVEPOINT "+spClaim, nil, false)
 	}
@@ -632,6 +655,9 @@ func (c *claimer) complete(ctx context.Context, status string, data []byte, atte
 	w := newBatch(c.tx)
 	defer w.free()
 	w.queue(ctx, c.q.complete, nil, false, argString(c.key.Scope), argString(c.key.ID), argString(status), argBytes(data), argInt(int64(attempt)))
+	if c.held != nil {
+		w.queue(ctx, holdRestore, nil, false, argString(c.held.idle), argString(c.held.statement))
+	}
 	w.queue(ctx, then, nil, false)
 	err := w.exec(ctx)
 	return w.tag, err

@@ -30,6 +30,10 @@
 //     and nothing is recorded, since nothing can commit. Answering 2xx or 3xx
 //     after a failed statement is a 500 ("handler-transaction-failed"):
 //     none of the handler's writes committed, so its success would be false.
+//   - A handler that holds its key longer than Config.HoldTimeout (a minute
+//     by default), idle in its transaction or in one statement: PostgreSQL
+//     ends the transaction, a retry of the request runs the handler, and the
+//     hung request answers 503 with Retry-After.
 //   - A handler whose transaction fails (a serialization failure, say) and
 //     answers 5xx is not retried by the middleware: the client retries with
 //     the same key.
@@ -110,12 +114,25 @@ type Config struct {
 	RetryAfter time.Duration
 	// TTL is how long a record is kept and replayed. It defaults to 24h.
 	TTL time.Duration
+	// HoldTimeout bounds how long a request may hold its key while the
+	// handler runs (idem.WithHoldTimeout): a handler that hangs with its
+	// transaction open (stuck on a call to another service, say), idle or
+	// in one statement for longer than this, has its transaction ended by
+	// PostgreSQL, which frees the key for a retry of the request; the hung
+	// request then answers 503 with Retry-After, unless the handler, when
+	// it wakes, answers an error of its own. It defaults to
+	// DefaultHoldTimeout; a negative value sets no bound.
+	HoldTimeout time.Duration
 	// Options are passed to idem.Do (idem.WithTable, idem.WithTxOptions,
 	// idem.RequireIssued, ...). Responses are stored in a compact binary
 	// form of their own; a WithCodec here must handle the unexported
 	// response type and is best left out.
 	Options []idem.Option
 }
+
+// DefaultHoldTimeout is Config.HoldTimeout's default: longer than any web
+// request should take.
+const DefaultHoldTimeout = time.Minute
 
 var defaultRecordHeaders = []string{"Content-Type", "Content-Language", "Location", "Content-Location", "Allow", "Www-Authenticate"}
 
@@ -126,6 +143,7 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 		return nil, fmt.Errorf("%w: idemhttp.Middleware needs a database and Config.Scope", idem.ErrInvalidOption)
 	}
 	if cfg.MaxRequestBody < 0 || cfg.MaxResponseBody < 0 || cfg.RetryAfter < 0 || cfg.TTL < 0 {
+		// HoldTimeout alone may be negative: no bound.
 		return nil, fmt.Errorf("%w: idemhttp.Config sizes and durations must not be negative", idem.ErrInvalidOption)
 	}
 	if len(cfg.Methods) == 0 {
@@ -151,7 +169,14 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 	if cfg.MaxResponseBody < recordCap-responseOverhead {
 		recordCap = cfg.MaxResponseBody + responseOverhead
 	}
-	opts := append([]idem.Option{idem.WithCodec(responseCodec{}), idem.WithMaxResultSize(int(recordCap))}, cfg.Options...)
+	if cfg.HoldTimeout == 0 {
+		cfg.HoldTimeout = DefaultHoldTimeout
+	}
+	opts := []idem.Option{idem.WithCodec(responseCodec{}), idem.WithMaxResultSize(int(recordCap))}
+	if cfg.HoldTimeout > 0 {
+		opts = append(opts, idem.WithHoldTimeout(cfg.HoldTimeout))
+	}
+	opts = append(opts, cfg.Options...)
 	if cfg.TTL > 0 {
 		opts = append(opts, idem.WithTTL(cfg.TTL))
 	}
@@ -358,6 +383,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "token-rejected", err.Error())
 	case errors.Is(err, idem.ErrInvalidKey):
 		problem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
+	case errors.Is(err, idem.ErrHoldTimeout):
+		w.Header().Set("Retry-After", "1")
+		problem(w, http.StatusServiceUnavailable, "hold-timeout",
+			"The request took longer than allowed and was rolled back; retry with the same Idempotency-Key.")
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusServiceUnavailable, "outcome-unknown", "The outcome is unknown; retry with the same Idempotency-Key.")

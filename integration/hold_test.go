@@ -1,0 +1,284 @@
+package integration_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/integration/internal/pgtest"
+)
+
+// holdBound is the hold timeout of the tests whose holder hangs. The holder
+// hangs until the test lets it go, so the bound only has to be longer than
+// the gaps between a healthy holder's own statements on a loaded machine.
+const holdBound = 2 * time.Second
+
+// waitBound caps how long a test waits for the server to free a hung
+// holder's key: far past holdBound, so that only a missing bound fails it.
+const waitBound = time.Minute
+
+// hungHolder is fn for a holder that claims the key, writes its effect, says
+// so on claimed, and hangs until wake is closed; then, with query set, it
+// runs a statement before answering.
+func hungHolder(s *pgtest.Schema, key idem.Key, claimed, wake chan struct{}, query bool) func(context.Context, pgx.Tx) (string, error) {
+	return func(ctx context.Context, tx pgx.Tx) (string, error) {
+		err := s.AddEffect(ctx, tx, key, "holder")
+		close(claimed)
+		if err != nil {
+			return "", err
+		}
+		<-wake
+		if query {
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				return "", err
+			}
+		}
+		return "holder", nil
+	}
+}
+
+// A holder that hangs with its connection open frees its key within the
+// hold timeout: the server ends its transaction, the waiting duplicate runs
+// fn once, and the holder gets ErrHoldTimeout when it wakes, whether it then
+// answers at once or first runs a statement.
+func TestHoldTimeoutFreesAHungHolder(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	cases := []struct {
+		name  string
+		query bool
+		hold  func(key idem.Key, fn func(context.Context, pgx.Tx) (string, error), opts ...idem.Option) error
+	}{
+		{name: "Do", hold: func(key idem.Key, fn func(context.Context, pgx.Tx) (string, error), opts ...idem.Option) error {
+			_, err := idem.Do(ctx, pool, key, fn, opts...)
+			return err
+		}},
+		{name: "WithIdempotency", hold: func(key idem.Key, fn func(context.Context, pgx.Tx) (string, error), opts ...idem.Option) error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			if _, err := idem.WithIdempotency(ctx, tx, key, fn, opts...); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}},
+	}
+	for _, tc := range cases {
+		for _, query := range []bool{false, true} {
+			name := tc.name + "/answers"
+			if query {
+				name = tc.name + "/queries"
+			}
+			t.Run(name, func(t *testing.T) {
+				s := pgtest.NewSchema(t, pool)
+				c := &counter{s: s}
+				key := idem.Key{Scope: "user-1", ID: t.Name()}
+				claimed, wake := make(chan struct{}), make(chan struct{})
+				var once sync.Once
+				defer once.Do(func() { close(wake) })
+				held := make(chan error, 1)
+				go func() {
+					held <- tc.hold(key, hungHolder(s, key, claimed, wake, query), s.Opt, idem.WithHoldTimeout(holdBound))
+				}()
+				<-claimed
+
+				// The duplicate waits for the holder, which stays hung
+				// throughout: only the server can free the key.
+				wctx, cancel := context.WithTimeout(ctx, waitBound)
+				defer cancel()
+				res, err := idem.Do(wctx, pool, key, c.fn(key), s.Opt)
+				require.NoError(t, err)
+				require.False(t, res.Replayed)
+				require.EqualValues(t, 1, c.runs.Load())
+
+				once.Do(func() { close(wake) })
+				err = <-held
+				require.ErrorIs(t, err, idem.ErrHoldTimeout)
+				require.NotErrorIs(t, err, idem.ErrOutcomeUnknown)
+
+				require.Equal(t, 1, s.CountEffects(t, pool, key))
+				rec := s.ReadRecord(t, pool, key)
+				require.NotNil(t, rec)
+				require.Equal(t, idem.StatusSucceeded, rec.Status)
+				again, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt)
+				require.NoError(t, err)
+				require.True(t, again.Replayed)
+				require.Equal(t, res.Value, again.Value)
+			})
+		}
+	}
+}
+
+// Through the middleware: a handler that hangs holding its key is ended by
+// the server within Config.HoldTimeout; the client's retry with the same key
+// runs the handler once and gets 201, and the hung request answers 503
+// (hold-timeout) when its handler wakes.
+func TestHTTPHoldTimeout(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	claimed, wake := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(wake) })
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx := idemhttp.Tx(r.Context())
+		key := idem.Key{Scope: r.Header.Get("X-User"), ID: r.Header.Get(idemhttp.HeaderName)}
+		n := runs.Add(1)
+		value := fmt.Sprintf("run-%d", n)
+		if err := s.AddEffect(r.Context(), tx, key, value); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if n == 1 {
+			close(claimed)
+			<-wake
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(value))
+	})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Wait: true, HoldTimeout: holdBound, Options: []idem.Option{s.Opt}})
+
+	first := make(chan httpReply, 1)
+	go func() { first <- post(t, srv.URL, "user-1", "hung", "body") }()
+	<-claimed
+	retry := post(t, srv.URL, "user-1", "hung", "body")
+	require.Equal(t, http.StatusCreated, retry.status)
+	require.Equal(t, "run-2", retry.body)
+	require.Empty(t, retry.header.Get(idemhttp.ReplayedHeader))
+
+	once.Do(func() { close(wake) })
+	hung := <-first
+	require.Equal(t, http.StatusServiceUnavailable, hung.status, hung.body)
+	require.Contains(t, hung.body, "hold-timeout")
+	require.NotEmpty(t, hung.header.Get("Retry-After"))
+
+	again := post(t, srv.URL, "user-1", "hung", "body")
+	require.Equal(t, http.StatusCreated, again.status)
+	require.Equal(t, "run-2", again.body)
+	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
+	require.Equal(t, 1, s.CountEffects(t, pool, idem.Key{Scope: "user-1", ID: "hung"}))
+	require.EqualValues(t, 2, runs.Load())
+}
+
+// What the handler's transaction runs under: DefaultHoldTimeout when the
+// Config leaves HoldTimeout zero, the Config's value, or no bound of the
+// middleware's own when it is negative.
+func TestHTTPHoldTimeoutSettings(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	var base [2]string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('statement_timeout')").Scan(&base[0], &base[1]))
+	for _, tc := range []struct {
+		hold time.Duration
+		want [2]string
+	}{
+		{0, [2]string{"1min", "1min"}},
+		{1500 * time.Millisecond, [2]string{"1500ms", "1500ms"}},
+		{-1, base},
+	} {
+		var got [2]string
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			err := idemhttp.Tx(r.Context()).QueryRow(r.Context(),
+				"SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('statement_timeout')").Scan(&got[0], &got[1])
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		})
+		srv := newHTTPServer(t, pool, h, idemhttp.Config{HoldTimeout: tc.hold, Options: []idem.Option{s.Opt}})
+		r := post(t, srv.URL, "user-1", fmt.Sprint("settings-", tc.hold), "")
+		require.Equal(t, http.StatusNoContent, r.status, r.body)
+		require.Equal(t, tc.want, got, "HoldTimeout %v", tc.hold)
+	}
+}
+
+// The bound is the transaction's alone. WithIdempotency puts the caller's
+// values back before it returns, on every path; a value lower than the bound
+// is kept while fn runs; Do leaves nothing on the connection it used.
+func TestHoldTimeoutSettings(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+	s := pgtest.NewSchema(t, pool)
+	read := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) [2]string {
+		var v [2]string
+		require.NoError(t, q.QueryRow(ctx, "SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('statement_timeout')").Scan(&v[0], &v[1]))
+		return v
+	}
+	base := read(pool)
+	bound := idem.WithHoldTimeout(30 * time.Second)
+	permanent := errors.New("sold out")
+	fns := map[string]struct {
+		err error
+		fn  func(*[2]string) func(context.Context, pgx.Tx) (string, error)
+	}{
+		"succeeds": {nil, func(in *[2]string) func(context.Context, pgx.Tx) (string, error) {
+			return func(ctx context.Context, tx pgx.Tx) (string, error) { *in = read(tx); return "ok", nil }
+		}},
+		"fails": {permanent, func(in *[2]string) func(context.Context, pgx.Tx) (string, error) {
+			return func(ctx context.Context, tx pgx.Tx) (string, error) { *in = read(tx); return "", permanent }
+		}},
+		"fails permanently": {permanent, func(in *[2]string) func(context.Context, pgx.Tx) (string, error) {
+			return func(ctx context.Context, tx pgx.Tx) (string, error) {
+				*in = read(tx)
+				return "", idem.Permanent(permanent)
+			}
+		}},
+	}
+	for name, f := range fns {
+		for _, caller := range [][2]string{{"0", "0"}, {"10s", "5min"}} {
+			t.Run(name+"/"+caller[0]+","+caller[1], func(t *testing.T) {
+				want := [2]string{"30s", "30s"}
+				if caller[0] == "10s" {
+					want[0] = "10s" // lower than the bound: kept
+				}
+				key := idem.Key{Scope: "user-1", ID: t.Name()}
+				for round := range 2 { // then a replay, or a second run
+					tx, err := pool.Begin(ctx)
+					require.NoError(t, err)
+					defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+					_, err = tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('statement_timeout', $2, true)", caller[0], caller[1])
+					require.NoError(t, err)
+					var in [2]string
+					_, err = idem.WithIdempotency(ctx, tx, key, f.fn(&in), s.Opt, bound)
+					if round == 1 && idem.IsPermanent(err) {
+						require.EqualError(t, err, f.err.Error()) // replayed from the record
+					} else {
+						require.ErrorIs(t, err, f.err)
+					}
+					if round == 0 || f.err != nil && !idem.IsPermanent(err) {
+						require.Equal(t, want, in, "while fn ran")
+					}
+					require.Equal(t, caller, read(tx), "after WithIdempotency returned")
+					require.NoError(t, tx.Commit(ctx))
+				}
+				require.Equal(t, base, read(pool), "after the transaction")
+			})
+		}
+	}
+
+	var in [2]string
+	_, err := idem.Do(ctx, pool, idem.Key{Scope: "user-1", ID: "do"}, fns["succeeds"].fn(&in), s.Opt, bound)
+	require.NoError(t, err)
+	require.Equal(t, [2]string{"30s", "30s"}, in)
+	require.Equal(t, base, read(pool), "after Do, on the same connection")
+
+	_, err = idem.Do(ctx, pool, idem.Key{Scope: "user-1", ID: "bad"}, fns["succeeds"].fn(&in), idem.WithHoldTimeout(0))
+	require.ErrorIs(t, err, idem.ErrInvalidOption)
+}
