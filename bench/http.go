@@ -17,8 +17,8 @@ import (
 )
 
 var (
-	bareServer, doServer, idemServer, waitServer *httptest.Server
-	httpClient                                   *http.Client
+	bareServer, doServer, idemServer, waitServer, noHoldServer *httptest.Server
+	httpClient                                                 *http.Client
 )
 
 // insertOrder is the business write both servers do.
@@ -78,6 +78,16 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 		insertOrder(r.Context(), idemhttp.Tx(r.Context()), w)
 	})
 	idemServer = httptest.NewServer(mw(handler))
+	// The same without a hold timeout: what the default bound costs.
+	noHoldMW, err := idemhttp.Middleware(pool, idemhttp.Config{
+		Scope:       func(*http.Request) (string, error) { return "bench-nohold", nil },
+		HoldTimeout: -1,
+		Options:     []idem.Option{tableOpt},
+	})
+	if err != nil {
+		return err
+	}
+	noHoldServer = httptest.NewServer(noHoldMW(handler))
 	// With Wait, a request whose key is in flight waits instead of getting
 	// a 409, and the claim needs no lock_timeout of its own.
 	waitMW, err := idemhttp.Middleware(pool, idemhttp.Config{
@@ -129,8 +139,8 @@ func postOrder(ctx context.Context, url, key string) error {
 
 // httpVariants: the same handler with its own bare transaction, calling
 // idem.Do itself, behind the middleware with a new key per request (by
-// default and with Config.Wait), and behind the middleware replaying one
-// key.
+// default, without the default hold timeout, and with Config.Wait), and
+// behind the middleware replaying one key.
 var httpVariants = []variant{
 	{"bare handler", func(ctx context.Context, _ *pgxpool.Pool, _ idem.Key) error {
 		return postOrder(ctx, bareServer.URL, "")
@@ -140,6 +150,9 @@ var httpVariants = []variant{
 	}},
 	{"middleware", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
 		return postOrder(ctx, idemServer.URL, key.ID)
+	}},
+	{"middleware, no HoldTimeout", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
+		return postOrder(ctx, noHoldServer.URL, key.ID)
 	}},
 	{"middleware, Wait", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
 		return postOrder(ctx, waitServer.URL, key.ID)

@@ -137,6 +137,10 @@ var coreVariants = []variant{
 		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
 		return err
 	}},
+	{"Do, WithHoldTimeout", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt, idem.WithHoldTimeout(time.Minute))
+		return err
+	}},
 	{"Do/end-only", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
 		return err
