@@ -21,6 +21,8 @@ import (
 // waiting duplicate takes it over and runs fn once, and the holder's call
 // fails with an error matching ErrHoldTimeout when it wakes. An idle holder
 // loses its connection (the server closes the session); a pool replaces it.
+// Through database/sql with lib/pq, which reports the server's FATAL error as
+// driver.ErrBadConn without its SQLSTATE, the holder gets that error instead.
 //
 // The settings are local to the transaction (set_config(..., true)), so
 // nothing outlives it, through PgBouncer in transaction mode too. In
