@@ -36,13 +36,13 @@ var (
 	// runs fn once if nothing was committed.
 	ErrOutcomeUnknown = errors.New("idem: commit outcome unknown")
 
-	// ErrHoldTimeout means the call held its key longer than WithHoldTimeout
-	// allows and PostgreSQL ended its transaction: the session sat idle in
-	// the transaction (fn waiting on something else, say) or ran one
-	// statement for longer than the bound. Nothing was recorded, and a
-	// waiting duplicate has taken the key over; retrying with the same key
-	// replays its result, or runs fn once if nothing committed.
-	ErrHoldTimeout = errors.New("idem: key held past its hold timeout; the server ended the transaction")
+	// ErrHoldTimeout means the call held its key idle in its transaction
+	// (fn waiting on something outside the database, say) for longer than
+	// WithHoldTimeout allows, and PostgreSQL ended the session: nothing of
+	// the transaction committed and the key is free (a waiting duplicate
+	// may have taken it over already). Retrying with the same key replays
+	// what committed since, or runs fn once.
+	ErrHoldTimeout = errors.New("idem: key held idle past its hold timeout; the server ended the transaction")
 
 	// ErrNotFound means the row or record asked for does not exist.
 	ErrNotFound = errors.New("idem: not found")

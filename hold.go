@@ -15,14 +15,22 @@ import (
 // the key, and every duplicate waiting for it, for as long as its transaction
 // lives. PostgreSQL enforces the bound: once the key is claimed, the
 // transaction runs with idle_in_transaction_session_timeout and
-// statement_timeout lowered to d (a value already lower is kept). A session
-// that then sits idle in the transaction, or runs one statement, for longer
-// than d has its transaction ended by the server, which releases the key: a
-// waiting duplicate takes it over and runs fn once, and the holder's call
-// fails with an error matching ErrHoldTimeout when it wakes. An idle holder
-// loses its connection (the server closes the session); a pool replaces it.
-// Through database/sql with lib/pq, which reports the server's FATAL error as
-// driver.ErrBadConn without its SQLSTATE, the holder gets that error instead.
+// statement_timeout lowered to d (a value already lower is kept).
+//
+// A holder that sits idle in its transaction for longer than d (fn waiting
+// on something outside the database) has its session ended by the server,
+// which rolls the transaction back and releases the key: a waiting duplicate
+// takes it over and runs fn once, and the holder's call fails with an error
+// matching ErrHoldTimeout when it wakes. Its connection is gone; a pool
+// replaces it. Through database/sql with lib/pq, which reports the server's
+// FATAL error as driver.ErrBadConn without its SQLSTATE, the holder gets that
+// error instead.
+//
+// A statement of fn's that runs for longer than d (waiting on a lock, say) is
+// cancelled with SQLSTATE 57014, which fn sees as its statement's error and
+// returns like any other: Do then rolls its transaction back, releasing the
+// key; in WithIdempotency fn's writes and the claim are undone, and the key
+// is free once the caller's transaction ends.
 //
 // The settings are local to the transaction (set_config(..., true)), so
 // nothing outlives it, through PgBouncer in transaction mode too. In
@@ -37,16 +45,17 @@ import (
 // (Claim) is bounded by its lease instead and ignores it.
 func WithHoldTimeout(d time.Duration) Option {
 	return func(c *config) {
-		if d <= 0 || d > maxHoldTimeout {
-			c.fail("WithHoldTimeout(%v): the bound must be positive and at most %v", d, maxHoldTimeout)
+		if d <= 0 || d > MaxHoldTimeout {
+			c.fail("WithHoldTimeout(%v): the bound must be positive and at most %v", d, MaxHoldTimeout)
 			return
 		}
 		c.holdTimeout = d
 	}
 }
 
-// maxHoldTimeout is the largest value the two settings take (INT_MAX ms).
-const maxHoldTimeout = math.MaxInt32 * time.Millisecond
+// MaxHoldTimeout is the largest bound WithHoldTimeout takes: the largest
+// value of PostgreSQL's two settings, 2^31-1 milliseconds (about 24.8 days).
+const MaxHoldTimeout = math.MaxInt32 * time.Millisecond
 
 // holdMillis is d in whole milliseconds, rounded up.
 func holdMillis(d time.Duration) int64 {
@@ -84,17 +93,15 @@ func bound(ctx context.Context, tx pgx.Tx, d time.Duration) (*heldSettings, erro
 	return &prev, nil
 }
 
-// holdError makes an error that the hold timeout caused match ErrHoldTimeout:
-// the server's end of an idle transaction (25P03, which also closes the
-// session), or a statement cancelled while ctx was not done, which only the
-// statement_timeout does on idem's behalf.
-func holdError(ctx context.Context, cfg *config, err error) error {
-	if err == nil || cfg.holdTimeout == 0 {
+// holdError makes an error that the hold timeout's idle bound caused match
+// ErrHoldTimeout: the server ended the session of a transaction that sat
+// idle too long (SQLSTATE 25P03), so nothing of it committed. A statement
+// the bound cancelled (57014) is left as it is: the same SQLSTATE comes from
+// other cancellations, and it does not end the transaction. A Permanent
+// error was recorded, so it is not one.
+func holdError(cfg *config, err error) error {
+	if err == nil || cfg.holdTimeout == 0 || IsPermanent(err) || pgCode(err) != sqlstateIdleInTxTimeout {
 		return err
 	}
-	switch code := pgCode(err); {
-	case code == sqlstateIdleInTxTimeout, code == sqlstateQueryCanceled && ctx.Err() == nil:
-		return fmt.Errorf("%w: %w", ErrHoldTimeout, err)
-	}
-	return err
+	return fmt.Errorf("%w: %w", ErrHoldTimeout, err)
 }

@@ -1,18 +1,21 @@
 package idem
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
 func TestWithHoldTimeout(t *testing.T) {
-	for _, d := range []time.Duration{0, -time.Second, maxHoldTimeout + time.Millisecond} {
+	for _, d := range []time.Duration{0, -time.Second, MaxHoldTimeout + time.Millisecond} {
 		_, err := newConfig([]Option{WithHoldTimeout(d)})
 		require.ErrorIs(t, err, ErrInvalidOption, "%v", d)
 	}
-	for _, d := range []time.Duration{time.Nanosecond, time.Second, maxHoldTimeout} {
+	for _, d := range []time.Duration{time.Nanosecond, time.Second, MaxHoldTimeout} {
 		cfg, err := newConfig([]Option{WithHoldTimeout(d)})
 		require.NoError(t, err, "%v", d)
 		require.Equal(t, d, cfg.holdTimeout)
@@ -28,8 +31,22 @@ func TestHoldMillis(t *testing.T) {
 		time.Millisecond:                   1,
 		time.Millisecond + time.Nanosecond: 2,
 		1500 * time.Millisecond:            1500,
-		maxHoldTimeout:                     1<<31 - 1,
+		MaxHoldTimeout:                     1<<31 - 1,
 	} {
 		require.Equal(t, want, holdMillis(d), "%v", d)
 	}
+}
+
+func TestHoldError(t *testing.T) {
+	idle := &pgconn.PgError{Severity: "FATAL", Code: "25P03"}
+	canceled := &pgconn.PgError{Code: "57014"}
+	bounded := &config{holdTimeout: time.Second}
+
+	require.ErrorIs(t, holdError(bounded, fmt.Errorf("fn: %w", idle)), ErrHoldTimeout)
+	require.ErrorIs(t, holdError(bounded, idle), idle)
+	// Not the idle bound, or not idem's bound, or recorded: left as they are.
+	for _, err := range []error{nil, canceled, errors.New("other"), Permanent(idle)} {
+		require.Equal(t, err, holdError(bounded, err))
+	}
+	require.Equal(t, error(idle), holdError(&config{}, idle))
 }

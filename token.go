@@ -132,7 +132,9 @@ func checkTokenShape(key Key) error {
 	enc := base64.RawURLEncoding.Strict()
 	r, err1 := enc.DecodeString(random)
 	t, err2 := enc.DecodeString(tag)
-	if err1 != nil || err2 != nil || len(tag) != tokenTagLen {
+	// The decoder skips CR and LF, so the decoded lengths are checked too.
+	if err1 != nil || err2 != nil || len(tag) != tokenTagLen ||
+		len(r) != tokenRandomBytes || len(t) != scopeTagBytes+checkTagBytes {
 		return unknown
 	}
 	got, check := t[:scopeTagBytes], t[scopeTagBytes:]

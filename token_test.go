@@ -41,6 +41,7 @@ func TestCheckTokenShape(t *testing.T) {
 		"long tag":          token + "A",
 		"not base64":        token[:50] + "*" + token[51:],
 		"not a token":       "order-17",
+		"line breaks":       token[:44] + "AA\r\nAAAA\r\nAA",
 	}
 	// A one-character typo anywhere.
 	for i := range token {

@@ -104,7 +104,7 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	}
 	start := time.Now()
 	res, err := withIdempotency(ctx, tx, key, fn, &cfg)
-	err = holdError(ctx, &cfg, err)
+	err = holdError(&cfg, err)
 	cfg.report(ctx, cmp.Or(cfg.op, "WithIdempotency"), key, start, res.Replayed, err)
 	return res, withContextErr(ctx, err)
 }
@@ -236,7 +236,7 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	_, isTx := db.(pgx.Tx)
 	for attempt := 1; ; attempt++ {
 		res, err := doOnce(ctx, db, key, fn, &cfg, &failure, start)
-		err = holdError(ctx, &cfg, err)
+		err = holdError(&cfg, err)
 		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts || isTx {
 			// Inside an enclosing transaction (db is a pgx.Tx) a retry
 			// would meet the same snapshot: that transaction must retry.
@@ -333,6 +333,11 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 	}
 	if !rec.claimed {
 		return replay[T](rec, cfg)
+	}
+	if cfg.holdTimeout > 0 && !c.bounded {
+		if _, err := tx.Exec(ctx, holdSet, holdMillis(cfg.holdTimeout)); err != nil {
+			return res, fmt.Errorf("idem: applying the hold timeout: %w", err)
+		}
 	}
 
 	var status string
@@ -447,6 +452,8 @@ type claimer struct {
 	// held (WithIdempotency with a hold timeout) keeps the settings the
 	// bound replaced, put back by the completion.
 	held *heldSettings
+	// bounded (Do) reports that the hold timeout went with the claim.
+	bounded bool
 
 	// endOnReplay (Do only) sends ROLLBACK with the read that follows a
 	// conflict, so that a replay costs two round trips; ended reports that
@@ -570,9 +577,13 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 	claimAt := w.len()
 	w.queue(ctx, claimSQL, &rec, true, argString(c.key.Scope), argString(c.key.ID),
 		argBytes(nonNilFingerprint(c.key.Fingerprint)), argInt(c.cfg.ttl.Microseconds()))
-	if c.cfg.holdTimeout > 0 && !c.savepoint {
-		// Do's own transaction: bound the rest of it in this round trip
-		// (see WithHoldTimeout). Without a claim, Do ends the transaction.
+	bounding := c.cfg.holdTimeout > 0 && c.endOnReplay
+	if bounding {
+		// Do's first try: bound the rest of its transaction in this round
+		// trip (see WithHoldTimeout). Without a claim the transaction ends
+		// in the next one, so the bound never reaches a wait for another
+		// holder; a later try, in a transaction that stays open, is
+		// bounded once it has claimed (doOnConn).
 		w.queue(ctx, holdSet, nil, false, argInt(holdMillis(c.cfg.holdTimeout)))
 	}
 	if outer && !c.changed {
@@ -604,6 +615,7 @@ func (c *claimer) insert(ctx context.Context, begin *beginOn) (rec record, found
 		return rec, false, fmt.Errorf("idem: internal error: the claim returned a row without claiming")
 	}
 	if rec.claimed {
+		c.bounded = bounding
 		return rec, true, nil
 	}
 

@@ -30,10 +30,10 @@
 //     and nothing is recorded, since nothing can commit. Answering 2xx or 3xx
 //     after a failed statement is a 500 ("handler-transaction-failed"):
 //     none of the handler's writes committed, so its success would be false.
-//   - A handler that holds its key longer than Config.HoldTimeout (a minute
-//     by default), idle in its transaction or in one statement: PostgreSQL
-//     ends the transaction, a retry of the request runs the handler, and the
-//     hung request answers 503 with Retry-After.
+//   - A handler that leaves its transaction idle for longer than
+//     Config.HoldTimeout (a minute by default): PostgreSQL ends the session,
+//     a retry of the request runs the handler, and the hung request answers
+//     503 with Retry-After.
 //   - A handler whose transaction fails (a serialization failure, say) and
 //     answers 5xx is not retried by the middleware: the client retries with
 //     the same key.
@@ -115,13 +115,16 @@ type Config struct {
 	// TTL is how long a record is kept and replayed. It defaults to 24h.
 	TTL time.Duration
 	// HoldTimeout bounds how long a request may hold its key while the
-	// handler runs (idem.WithHoldTimeout): a handler that hangs with its
-	// transaction open (stuck on a call to another service, say), idle or
-	// in one statement for longer than this, has its transaction ended by
-	// PostgreSQL, which frees the key for a retry of the request; the hung
-	// request then answers 503 with Retry-After, unless the handler, when
-	// it wakes, answers an error of its own. It defaults to
-	// DefaultHoldTimeout; a negative value sets no bound.
+	// handler runs (idem.WithHoldTimeout). A handler that leaves its
+	// transaction idle for longer than this (stuck on a call to another
+	// service, say) has its session ended by PostgreSQL, which frees the
+	// key for a retry of the request; the hung request then answers 503
+	// with Retry-After (through database/sql with lib/pq, which hides the
+	// server's reason, a 500), unless the handler, when it wakes, answers
+	// an error of its own. A statement of the handler's that runs longer
+	// than this fails (SQLSTATE 57014), and the handler answers as it does
+	// for any failed statement. It defaults to DefaultHoldTimeout; a
+	// negative value sets no bound; at most idem.MaxHoldTimeout.
 	HoldTimeout time.Duration
 	// Options are passed to idem.Do (idem.WithTable, idem.WithTxOptions,
 	// idem.RequireIssued, ...). Responses are stored in a compact binary
@@ -143,8 +146,11 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 		return nil, fmt.Errorf("%w: idemhttp.Middleware needs a database and Config.Scope", idem.ErrInvalidOption)
 	}
 	if cfg.MaxRequestBody < 0 || cfg.MaxResponseBody < 0 || cfg.RetryAfter < 0 || cfg.TTL < 0 {
-		// HoldTimeout alone may be negative: no bound.
+		// (HoldTimeout alone may be negative: no bound.)
 		return nil, fmt.Errorf("%w: idemhttp.Config sizes and durations must not be negative", idem.ErrInvalidOption)
+	}
+	if cfg.HoldTimeout > idem.MaxHoldTimeout {
+		return nil, fmt.Errorf("%w: idemhttp.Config.HoldTimeout %v is over idem.MaxHoldTimeout (%v)", idem.ErrInvalidOption, cfg.HoldTimeout, idem.MaxHoldTimeout)
 	}
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}

@@ -47,6 +47,7 @@ func TestMiddlewareConfigIsValidated(t *testing.T) {
 		{"negative MaxResponseBody", db, Config{Scope: scopeHeader, MaxResponseBody: -1}},
 		{"negative RetryAfter", db, Config{Scope: scopeHeader, RetryAfter: -time.Second}},
 		{"negative TTL", db, Config{Scope: scopeHeader, TTL: -time.Second}},
+		{"HoldTimeout over the maximum", db, Config{Scope: scopeHeader, HoldTimeout: idem.MaxHoldTimeout + time.Millisecond}},
 	}
 	for _, tt := range tests {
 		mw, err := Middleware(tt.db, tt.cfg)
@@ -65,6 +66,7 @@ func TestMiddlewareConfigDefaults(t *testing.T) {
 	require.Equal(t, int64(1<<20), cfg.MaxRequestBody)
 	require.Equal(t, int64(1<<20), cfg.MaxResponseBody)
 	require.Equal(t, time.Second, cfg.RetryAfter)
+	require.Equal(t, DefaultHoldTimeout, cfg.HoldTimeout)
 	require.NotNil(t, cfg.Fingerprint)
 	require.Equal(t, defaultRecordHeaders, cfg.RecordHeaders)
 

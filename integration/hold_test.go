@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -298,4 +299,89 @@ func TestHoldTimeoutSettings(t *testing.T) {
 
 	_, err = idem.Do(ctx, pool, idem.Key{Scope: "user-1", ID: "bad"}, fns["succeeds"].fn(&in), idem.WithHoldTimeout(0))
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
+}
+
+// takeoverTracer runs hook once, just before the first batch that carries
+// the takeover of an expired record (an UPDATE ... RETURNING attempt).
+type takeoverTracer struct {
+	once sync.Once
+	hook func()
+}
+
+func (tr *takeoverTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (tr *takeoverTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (tr *takeoverTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		if strings.HasPrefix(q.SQL, "UPDATE") && strings.Contains(q.SQL, "RETURNING attempt") {
+			tr.once.Do(tr.hook)
+		}
+	}
+	return ctx
+}
+func (tr *takeoverTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (tr *takeoverTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// The bound covers the holder, never a wait for another holder: a Do with a
+// hold timeout that finds an expired record, and meets another execution
+// that took it over first and runs for longer than the bound, waits for it
+// and replays its result.
+func TestHoldTimeoutDoesNotBoundTheWait(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	key := idem.Key{Scope: "user-1", ID: "expired"}
+	_, err := idem.Do(ctx, pool, key, func(context.Context, pgx.Tx) (string, error) { return "old", nil }, s.Opt)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+s.Records+` SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+
+	// Just before the waiter's takeover, another execution (no bound of its
+	// own) takes the record over and holds it until the waiter has waited
+	// for it, by the database clock, twice the waiter's bound.
+	const bound = 500 * time.Millisecond
+	release := make(chan struct{})
+	holder := make(chan error, 1)
+	tr := &takeoverTracer{hook: func() {
+		claimed := make(chan struct{})
+		go func() {
+			_, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
+				close(claimed)
+				<-release
+				return "holder", nil
+			}, s.Opt)
+			holder <- err
+		}()
+		<-claimed
+	}}
+	conn := pgtest.Conn(t, func(c *pgx.ConnConfig) {
+		c.Tracer = tr
+		c.RuntimeParams["application_name"] = "idem-hold-waiter"
+	})
+	waiter := make(chan error, 1)
+	var res idem.Result[string]
+	go func() {
+		var err error
+		res, err = idem.Do(ctx, conn, key, func(context.Context, pgx.Tx) (string, error) { return "waiter", nil },
+			s.Opt, idem.WithHoldTimeout(bound))
+		waiter <- err
+	}()
+	for waited := false; !waited; {
+		select {
+		case err := <-waiter:
+			close(release)
+			require.NoError(t, <-holder)
+			t.Fatalf("the waiter returned before the holder ended: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = 'idem-hold-waiter' AND wait_event_type = 'Lock'
+			AND clock_timestamp() - query_start > $1::bigint * interval '2 ms')`, bound.Milliseconds()).Scan(&waited))
+	}
+	close(release)
+	require.NoError(t, <-holder)
+	require.NoError(t, <-waiter, "the waiter held nothing, yet was bounded")
+	require.True(t, res.Replayed)
+	require.Equal(t, "holder", res.Value)
 }
