@@ -249,7 +249,7 @@ func TestDuplicateWaitsForInFlight(t *testing.T) {
 				defer close(done)
 				second, secondErr = idem.Do(ctx, pool, key, c.fn(key), s.Opt)
 			}()
-			waitForLockWait(t, pool)
+			waitForLockWaitOn(t, pool, s.Name)
 			select {
 			case <-done:
 				t.Fatal("the duplicate did not wait for the in-flight transaction")
@@ -278,17 +278,76 @@ func TestDuplicateWaitsForInFlight(t *testing.T) {
 // lock.
 func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
+	require.NoError(t, awaitBackend(context.Background(), pool, "wait_event_type = 'Lock'", ""))
+}
+
+// waitForLockWaitOn waits until a backend of the test database waits on a
+// lock in a statement that names marker (a schema's name, say), so that
+// other packages' tests on the same database cannot answer for it.
+func waitForLockWaitOn(t *testing.T, pool *pgxpool.Pool, marker string) {
+	t.Helper()
+	require.NoError(t, awaitBackend(context.Background(), pool, "wait_event_type = 'Lock'", marker))
+}
+
+// awaitBackend polls pg_stat_activity until a backend of the test database
+// other than its own matches cond (SQL) running a statement that contains
+// marker ("" for any), for up to 10s or until ctx ends. It does not use t,
+// so goroutines may call it.
+func awaitBackend(ctx context.Context, pool *pgxpool.Pool, cond, marker string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		var n int
-		require.NoError(t, pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND `+cond+`
+			AND strpos(query, $1) > 0`, marker).Scan(&n)
+		if err != nil {
+			return err
+		}
 		if n > 0 {
-			return
+			return nil
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	t.Fatal("no backend started waiting on a lock")
+	return fmt.Errorf("no backend of the test database came to %s in a statement containing %q within 10s", cond, marker)
+}
+
+// cancelWhenRunning cancels ctx (with its cancel) once a backend of the
+// test database runs a statement containing marker, so that the
+// cancellation lands while that statement runs rather than when the
+// scheduler happens to fire a timer (a cancel request that reaches an idle
+// backend is ignored). After 10s without one it cancels anyway and fails
+// the test; it gives up quietly if ctx ends first.
+func cancelWhenRunning(t *testing.T, ctx context.Context, pool *pgxpool.Pool, marker string, cancel context.CancelFunc) {
+	go func() {
+		defer cancel()
+		if err := awaitBackend(ctx, pool, "state = 'active'", marker); err != nil && ctx.Err() == nil {
+			t.Errorf("cancelling: %v", err)
+		}
+	}()
+}
+
+// expireRecord moves a key's record past its expiry by the database clock,
+// as its TTL running out would. Tests expire records this way rather than
+// by sleeping past a short TTL, which a loaded machine can overrun before
+// the record is even committed.
+func expireRecord(t *testing.T, pool *pgxpool.Pool, s *pgtest.Schema, key idem.Key) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), `UPDATE `+s.Records+` SET expires_at = now() - interval '1 second'
+		WHERE scope = $1 AND key = $2`, key.Scope, key.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "no record of %v to expire", key)
+}
+
+// endLease moves the end of a key's lease (locked_until) into the past by
+// the database clock, as it runs out when its holder stops renewing it.
+// Tests end leases this way rather than by sleeping past a short lease, and
+// keep the leases they need live long enough for a loaded machine.
+func endLease(t *testing.T, pool *pgxpool.Pool, s *pgtest.Schema, key idem.Key) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), `UPDATE `+s.Records+` SET locked_until = now() - interval '1 second'
+		WHERE scope = $1 AND key = $2 AND locked_until IS NOT NULL`, key.Scope, key.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "no lease of %v to end", key)
 }
 
 // savepointExists reports whether tx has a savepoint with that name, leaving
@@ -466,7 +525,7 @@ func TestTTLExpiryTakeover(t *testing.T) {
 	c := &counter{s: s}
 	key := newKey(t)
 	ctx := context.Background()
-	ttl := idem.WithTTL(300 * time.Millisecond)
+	ttl := idem.WithTTL(time.Hour)
 
 	r1, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt, ttl)
 	require.NoError(t, err)
@@ -475,7 +534,7 @@ func TestTTLExpiryTakeover(t *testing.T) {
 	require.True(t, r2.Replayed, "replayed while the record lives")
 	require.Equal(t, r1.Value, r2.Value)
 
-	time.Sleep(400 * time.Millisecond)
+	expireRecord(t, pool, s, key)
 	// 20 concurrent callers find the record expired: exactly one takes it
 	// over, the others replay the new result.
 	var wg sync.WaitGroup
@@ -497,15 +556,23 @@ func TestTTLExpiryTakeover(t *testing.T) {
 	rec := s.ReadRecord(t, pool, key)
 	require.Equal(t, 2, rec.Attempt)
 
-	// Inside a caller's transaction, too, and the default TTL keeps it.
-	time.Sleep(400 * time.Millisecond)
+	// Inside a caller's transaction, too, and the default TTL keeps it: the
+	// new record expires a DefaultTTL from its claim, not the call's hour.
+	expireRecord(t, pool, s, key)
 	var r3 idem.Result[string]
+	var claimedAt time.Time
 	require.NoError(t, inTx(t, pool, pgx.ReadCommitted, func(tx pgx.Tx) (err error) {
+		if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&claimedAt); err != nil {
+			return err
+		}
 		r3, err = idem.WithIdempotency(ctx, tx, key, c.fn(key), s.Opt)
 		return err
 	}))
 	require.False(t, r3.Replayed)
-	time.Sleep(400 * time.Millisecond)
+	var expiresAt time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT expires_at FROM `+s.Records+` WHERE scope = $1 AND key = $2`,
+		key.Scope, key.ID).Scan(&expiresAt))
+	require.GreaterOrEqual(t, expiresAt.Sub(claimedAt), idem.DefaultTTL)
 	r4, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt)
 	require.NoError(t, err)
 	require.True(t, r4.Replayed)
@@ -665,8 +732,9 @@ func TestContextCancelledMidFn(t *testing.T) {
 			if err := s.AddEffect(ctx, tx, key, "x"); err != nil {
 				return "", err
 			}
-			time.AfterFunc(50*time.Millisecond, cancel)
-			_, err := tx.Exec(ctx, "SELECT pg_sleep(5)")
+			marker := "pg_sleep(5) -- " + s.Name
+			cancelWhenRunning(t, ctx, pool, marker, cancel)
+			_, err := tx.Exec(ctx, "SELECT "+marker)
 			return "late", err
 		}
 		if viaDo {
@@ -859,11 +927,11 @@ func TestExpiredRecordWithOtherFingerprintIsTakenOver(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	c := &counter{s: s}
 	ctx := context.Background()
-	ttl := idem.WithTTL(200 * time.Millisecond)
+	ttl := idem.WithTTL(time.Hour)
 	first := idem.Key{Scope: "u", ID: "k", Fingerprint: []byte("body A")}
 	_, err := idem.Do(ctx, pool, first, c.fn(first), s.Opt, ttl)
 	require.NoError(t, err)
-	time.Sleep(300 * time.Millisecond)
+	expireRecord(t, pool, s, first)
 	second := idem.Key{Scope: "u", ID: "k", Fingerprint: []byte("body B")}
 	res, err := idem.Do(ctx, pool, second, c.fn(second), s.Opt, ttl)
 	require.NoError(t, err)
@@ -875,24 +943,32 @@ func TestExpiredRecordWithOtherFingerprintIsTakenOver(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrKeyReused)
 }
 
-// The TTL counts from the claim, not from the start of a long transaction.
+// The TTL counts from the claim, not from the start of a long transaction:
+// the record expires a TTL after the database clock at the claim, later than
+// the transaction's now() plus the TTL, so it is never born expired.
 func TestTTLCountsFromTheClaim(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
 	c := &counter{s: s}
 	ctx := context.Background()
 	key := newKey(t)
-	ttl := idem.WithTTL(2 * time.Second)
+	const ttl = time.Hour
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx)            //nolint:errcheck
-	_, err = tx.Exec(ctx, "SELECT 1") // now() is fixed here
+	defer tx.Rollback(ctx) //nolint:errcheck
+	var started, claimedAt time.Time
+	require.NoError(t, tx.QueryRow(ctx, "SELECT now()").Scan(&started)) // now() is fixed here
+	// The transaction ages by the database clock.
+	require.NoError(t, tx.QueryRow(ctx, "SELECT clock_timestamp() FROM pg_sleep(0.2)").Scan(&claimedAt))
+	require.Greater(t, claimedAt.Sub(started), 100*time.Millisecond)
+	_, err = idem.WithIdempotency(ctx, tx, key, c.fn(key), s.Opt, idem.WithTTL(ttl))
 	require.NoError(t, err)
-	time.Sleep(2500 * time.Millisecond)
-	_, err = idem.WithIdempotency(ctx, tx, key, c.fn(key), s.Opt, ttl)
-	require.NoError(t, err)
+	var expiresAt time.Time
+	require.NoError(t, tx.QueryRow(ctx, `SELECT expires_at FROM `+s.Records+` WHERE scope = $1 AND key = $2`,
+		key.Scope, key.ID).Scan(&expiresAt))
+	require.GreaterOrEqual(t, expiresAt.Sub(claimedAt), ttl, "the TTL counts from the claim, not from the transaction's start")
 	require.NoError(t, tx.Commit(ctx))
-	res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt, ttl)
+	res, err := idem.Do(ctx, pool, key, c.fn(key), s.Opt, idem.WithTTL(ttl))
 	require.NoError(t, err)
 	require.True(t, res.Replayed, "a record is never born expired")
 	require.Equal(t, 1, s.CountEffects(t, pool, key))

@@ -176,7 +176,7 @@ func TestRecordVanishingAfterTheConflictIsClaimedAgain(t *testing.T) {
 		}
 		done <- out{res, err}
 	}()
-	waitForLockWait(t, pool)
+	waitForLockWaitOn(t, pool, s.Name)
 	require.NoError(t, txA.Commit(ctx))
 	o := <-done
 	require.NoError(t, o.err)

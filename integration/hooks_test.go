@@ -38,6 +38,18 @@ func (l *eventLog) take() []string {
 	return out
 }
 
+// has reports whether an event of kind from op arrived since the last take.
+func (l *eventLog) has(kind idem.EventKind, op string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.events {
+		if e.Kind == kind && e.Op == op {
+			return true
+		}
+	}
+	return false
+}
+
 func (l *eventLog) last() idem.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -105,9 +117,9 @@ func TestHooksReportEveryEvent(t *testing.T) {
 
 	// An expired record is taken over, then executed.
 	ekey := idem.Key{Scope: "u", ID: "expiring"}
-	_, err = idem.Do(ctx, pool, ekey, c.fn(ekey), append(opts, idem.WithTTL(time.Millisecond))...)
+	_, err = idem.Do(ctx, pool, ekey, c.fn(ekey), opts...)
 	require.NoError(t, err)
-	time.Sleep(5 * time.Millisecond)
+	expireRecord(t, pool, s, ekey)
 	_, err = idem.Do(ctx, pool, ekey, c.fn(ekey), opts...)
 	require.NoError(t, err)
 	require.Equal(t, []string{"executed/Do", "takeover/Do", "executed/Do"}, log.take())
@@ -115,17 +127,17 @@ func TestHooksReportEveryEvent(t *testing.T) {
 	// Lease mode: claimed, in progress, taken over after the lease ran
 	// out, the stale holder's lease lost, completed then replayed.
 	lkey := idem.Key{Scope: "u", ID: "lease"}
-	first, _, err := idem.Claim[string](ctx, pool, lkey, 20*time.Millisecond, opts...)
+	first, _, err := idem.Claim[string](ctx, pool, lkey, time.Minute, opts...)
 	require.NoError(t, err)
-	_, _, err = idem.Claim[string](ctx, pool, lkey, time.Second, opts...)
+	_, _, err = idem.Claim[string](ctx, pool, lkey, time.Minute, opts...)
 	require.ErrorIs(t, err, idem.ErrInProgress)
-	time.Sleep(40 * time.Millisecond)
-	second, _, err := idem.Claim[string](ctx, pool, lkey, time.Second, opts...)
+	endLease(t, pool, s, lkey)
+	second, _, err := idem.Claim[string](ctx, pool, lkey, time.Minute, opts...)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, second.Attempt())
 	require.ErrorIs(t, first.Complete(ctx, pool, "stale"), idem.ErrLeaseLost)
 	require.NoError(t, second.Complete(ctx, pool, "done"))
-	_, res, err := idem.Claim[string](ctx, pool, lkey, time.Second, opts...)
+	_, res, err := idem.Claim[string](ctx, pool, lkey, time.Minute, opts...)
 	require.NoError(t, err)
 	require.Equal(t, "done", res.Value)
 	require.Equal(t, []string{"executed/Claim", "in_progress/Claim", "takeover/Claim", "lease_lost/Complete", "replayed/Claim"}, log.take())

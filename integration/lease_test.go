@@ -27,7 +27,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	key := idem.Key{Scope: "shop", ID: "pay-1", Fingerprint: []byte("order 1, 999")}
-	const lease = time.Second // long enough for the steps below on a loaded machine
+	const lease = time.Minute // live through the steps below, however loaded the machine
 
 	w1, res, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
 	require.NoError(t, err)
@@ -51,7 +51,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	require.NoError(t, w1.Checkpoint(ctx, pool, "charge-requested", charge{ChargeID: "ch_1", Amount: 999}))
 
 	// w1 stops; its lease runs out; w2 takes over and resumes.
-	time.Sleep(lease + 200*time.Millisecond)
+	endLease(t, pool, s, key)
 	w2, _, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
 	require.NoError(t, err)
 	require.NotNil(t, w2)
@@ -134,9 +134,9 @@ func TestLeaseTakeoverRace(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	key := idem.Key{Scope: "shop", ID: "race"}
-	_, _, err := idem.Claim[charge](ctx, pool, key, 200*time.Millisecond, s.Opt)
+	_, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
 	require.NoError(t, err)
-	time.Sleep(300 * time.Millisecond)
+	endLease(t, pool, s, key)
 
 	var winners, busy atomic.Int64
 	var attempts sync.Map
@@ -173,9 +173,9 @@ func TestClaimNeverBlocks(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	key := idem.Key{Scope: "shop", ID: "held"}
-	l, _, err := idem.Claim[charge](ctx, pool, key, 100*time.Millisecond, s.Opt)
+	l, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
 	require.NoError(t, err)
-	time.Sleep(200 * time.Millisecond) // expired: takeable
+	endLease(t, pool, s, key) // ran out: takeable
 	// The holder is completing in a transaction that has not committed.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -196,24 +196,30 @@ func TestKeepAlive(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	key := idem.Key{Scope: "shop", ID: "watchdog"}
-	const lease = 300 * time.Millisecond
-	l, _, err := idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	l, _, err := idem.Claim[charge](ctx, pool, key, keepAliveLease, s.Opt)
 	require.NoError(t, err)
+	claimedEnd := lockedUntil(t, pool, s, key)
 	workCtx, stop := l.KeepAlive(ctx, pool)
-	time.Sleep(3 * lease)
-	_, _, err = idem.Claim[charge](ctx, pool, key, lease, s.Opt)
+	sleepPast(t, pool, claimedEnd) // the lease as claimed has run out
+	_, _, err = idem.Claim[charge](ctx, pool, key, keepAliveLease, s.Opt)
 	require.ErrorIs(t, err, idem.ErrInProgress, "the watchdog kept the lease alive")
+	require.True(t, lockedUntil(t, pool, s, key).After(claimedEnd), "the watchdog renewed the lease")
 	require.NoError(t, workCtx.Err())
 	require.NoError(t, stop())
 	require.ErrorIs(t, workCtx.Err(), context.Canceled)
 
-	// A second watchdog notices a takeover and cancels the work.
-	workCtx, stop = l.KeepAlive(ctx, pool)
+	// A watchdog notices a takeover and cancels the work. (A fresh lease:
+	// a second watchdog on l would count from l's claim, which its first
+	// watchdog outlived.)
+	other := idem.Key{Scope: "shop", ID: "watchdog-2"}
+	l1, _, err := idem.Claim[charge](ctx, pool, other, keepAliveLease, s.Opt)
+	require.NoError(t, err)
+	workCtx, stop = l1.KeepAlive(ctx, pool)
 	l2 := takeOver(t, func() error {
-		_, err := pool.Exec(ctx, `UPDATE `+s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE key = $1`, key.ID)
+		_, err := pool.Exec(ctx, `UPDATE `+s.Records+` SET locked_until = clock_timestamp() - interval '1 second' WHERE key = $1`, other.ID)
 		return err
 	}, func() (*idem.Lease[charge], error) {
-		l, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt)
+		l, _, err := idem.Claim[charge](ctx, pool, other, time.Minute, s.Opt)
 		return l, err
 	})
 	require.NotNil(t, l2)
@@ -224,6 +230,27 @@ func TestKeepAlive(t *testing.T) {
 	}
 	require.ErrorIs(t, context.Cause(workCtx), idem.ErrLeaseLost)
 	require.ErrorIs(t, stop(), idem.ErrLeaseLost)
+}
+
+// keepAliveLease is the lease of the watchdog tests. KeepAlive renews a lease
+// every third of it, and reports it lost when no renewal succeeded within
+// it: a few seconds leave room for a loaded machine's pauses.
+const keepAliveLease = 3 * time.Second
+
+// lockedUntil reads the end of a key's lease, by the database clock.
+func lockedUntil(t *testing.T, pool *pgxpool.Pool, s *pgtest.Schema, key idem.Key) time.Time {
+	t.Helper()
+	var end time.Time
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT locked_until FROM `+s.Records+` WHERE scope = $1 AND key = $2`,
+		key.Scope, key.ID).Scan(&end))
+	return end
+}
+
+// sleepPast waits until the database clock has passed at.
+func sleepPast(t *testing.T, pool *pgxpool.Pool, at time.Time) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `SELECT pg_sleep_until($1::timestamptz + interval '1 millisecond')`, at)
+	require.NoError(t, err)
 }
 
 // takeOver expires a lease that a watchdog is renewing and claims it. The
@@ -287,14 +314,14 @@ func TestOnlyTheDatabaseClockDecides(t *testing.T) {
 	ctx := context.Background()
 	db := clockSpy{t: t, db: pool}
 	key := idem.Key{Scope: "shop", ID: "clock"}
-	l, _, err := idem.Claim[charge](ctx, db, key, 200*time.Millisecond, s.Opt, idem.WithTTL(time.Hour))
+	l, _, err := idem.Claim[charge](ctx, db, key, time.Minute, s.Opt, idem.WithTTL(time.Hour))
 	require.NoError(t, err)
 	require.NoError(t, l.Extend(ctx, db))
 	require.NoError(t, l.Checkpoint(ctx, db, "p", 1))
 	var leaseLeft, ttlLeft float64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT extract(epoch FROM locked_until - clock_timestamp()),
 		extract(epoch FROM expires_at - clock_timestamp()) FROM `+s.Records+` WHERE key = $1`, key.ID).Scan(&leaseLeft, &ttlLeft))
-	require.InDelta(t, 0.2, leaseLeft, 0.15, "the lease is measured on the database clock")
+	require.InDelta(t, 60, leaseLeft, 5, "the lease is measured on the database clock")
 	require.InDelta(t, 3600, ttlLeft, 5)
 	require.NoError(t, l.Complete(ctx, db, charge{}))
 	token, err := idem.IssueToken(ctx, db, "shop", time.Minute, s.Opt)
@@ -312,11 +339,11 @@ func TestLeaseOutlivesTTL(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	key := idem.Key{Scope: "shop", ID: "long"}
-	ttl := idem.WithTTL(200 * time.Millisecond)
-	l, _, err := idem.Claim[charge](ctx, pool, key, 800*time.Millisecond, s.Opt, ttl)
+	ttl := idem.WithTTL(time.Minute)
+	l, _, err := idem.Claim[charge](ctx, pool, key, time.Hour, s.Opt, ttl)
 	require.NoError(t, err)
-	time.Sleep(300 * time.Millisecond)
-	_, _, err = idem.Claim[charge](ctx, pool, key, time.Second, s.Opt, ttl)
+	expireRecord(t, pool, s, key) // the TTL runs out, the lease does not
+	_, _, err = idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt, ttl)
 	require.ErrorIs(t, err, idem.ErrInProgress, "a live lease is never taken over")
 	require.NoError(t, inTx(t, pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
 		_, err := idem.WithIdempotency(ctx, tx, key, func(context.Context, pgx.Tx) (int, error) { return 0, nil }, s.Opt, ttl)
@@ -328,25 +355,37 @@ func TestLeaseOutlivesTTL(t *testing.T) {
 	require.Zero(t, n, "a lease record is not purged")
 	require.NoError(t, l.Extend(ctx, pool))
 	require.NoError(t, l.Complete(ctx, pool, charge{ChargeID: "c"}))
-	_, res, err := idem.Claim[charge](ctx, pool, key, time.Second, s.Opt, ttl)
+	_, res, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt, ttl)
 	require.NoError(t, err)
 	require.True(t, res.Replayed, "the finished record lives a TTL from completion")
 }
 
-// The watchdog stops quietly once the holder completes.
+// The watchdog stops quietly once the holder completes, even when a renewal
+// meets the row the completing transaction holds and then finds the record
+// completed.
 func TestKeepAliveAfterComplete(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
-	l, _, err := idem.Claim[charge](ctx, pool, idem.Key{Scope: "shop", ID: "done"}, 150*time.Millisecond, s.Opt)
+	key := idem.Key{Scope: "shop", ID: "done"}
+	log := &eventLog{}
+	l, _, err := idem.Claim[charge](ctx, pool, key, keepAliveLease, s.Opt, idem.WithHooks(log))
 	require.NoError(t, err)
 	workCtx, stop := l.KeepAlive(ctx, pool)
 	tx, err := pool.Begin(workCtx)
 	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	// The business transaction holds the record's row: the next renewal
+	// waits for it.
+	_, err = tx.Exec(workCtx, `SELECT 1 FROM `+s.Records+` WHERE scope = $1 AND key = $2 FOR UPDATE`, key.Scope, key.ID)
+	require.NoError(t, err)
+	waitForLockWaitOn(t, pool, s.Name)
 	require.NoError(t, l.Complete(workCtx, tx, charge{ChargeID: "c"}))
-	time.Sleep(200 * time.Millisecond) // a renewal tick meets the locked row
 	require.NoError(t, tx.Commit(workCtx))
-	time.Sleep(300 * time.Millisecond)
+	// The waiting renewal finds the record completed (its hooks hear of it)...
+	require.Eventually(t, func() bool { return log.has(idem.EventLeaseLost, "Extend") }, 10*time.Second, 5*time.Millisecond,
+		"the renewal that met the completing transaction did not end")
+	// ...and the watchdog does not take it for a lost lease.
 	require.NoError(t, workCtx.Err(), "the completed lease is not reported lost")
 	require.NoError(t, stop())
 }
@@ -358,10 +397,12 @@ func TestPurgeKeepsAbandonedLeases(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	key := idem.Key{Scope: "shop", ID: "abandoned"}
-	ttl := idem.WithTTL(100 * time.Millisecond)
-	l, _, err := idem.Claim[charge](ctx, pool, key, 100*time.Millisecond, s.Opt, ttl)
+	ttl := idem.WithTTL(time.Minute)
+	l, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt, ttl)
 	require.NoError(t, err)
-	time.Sleep(250 * time.Millisecond)
+	// The holder stopped: its lease ran out, and the record's TTL.
+	endLease(t, pool, s, key)
+	expireRecord(t, pool, s, key)
 	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{}, s.Opt)
 	require.NoError(t, err)
 	require.Zero(t, n)

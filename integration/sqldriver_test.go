@@ -359,14 +359,14 @@ var sqlScenarios = []sqlScenario{
 	{name: "ClaimCompleteReplayAndLeaseLost", run: func(t *testing.T, e *sqlEnv) {
 		ctx := context.Background()
 		key := sqlKey(t)
-		first, _, err := idem.Claim[string](ctx, e.db, key, 300*time.Millisecond, e.s.Opt)
+		first, _, err := idem.Claim[string](ctx, e.db, key, time.Minute, e.s.Opt)
 		require.NoError(t, err)
 		require.NotNil(t, first)
 		require.EqualValues(t, 1, first.Attempt())
 		_, _, err = idem.Claim[string](ctx, e.db, key, time.Minute, e.s.Opt)
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.NoError(t, first.Checkpoint(ctx, e.db, "charged", map[string]string{"charge": "ch_1"}))
-		time.Sleep(600 * time.Millisecond) // the lease runs out
+		endLease(t, e.pool, e.s, key) // the lease runs out
 
 		second, _, err := idem.Claim[string](ctx, e.db, key, time.Minute, e.s.Opt)
 		require.NoError(t, err)
@@ -649,8 +649,9 @@ var sqlScenarios = []sqlScenario{
 				if err := e.effect(ctx, tx, key, "x"); err != nil {
 					return "", err
 				}
-				time.AfterFunc(50*time.Millisecond, cancel)
-				_, err := tx.Exec(ctx, "SELECT pg_sleep(5)")
+				marker := "pg_sleep(5) -- " + e.s.Name
+				cancelWhenRunning(t, ctx, e.pool, marker, cancel)
+				_, err := tx.Exec(ctx, "SELECT "+marker)
 				return "late", err
 			}
 			start := time.Now()
@@ -719,7 +720,7 @@ var sqlScenarios = []sqlScenario{
 	{name: "TTLExpiryTakeover", run: func(t *testing.T, e *sqlEnv) {
 		ctx := context.Background()
 		key := sqlKey(t)
-		ttl := idem.WithTTL(300 * time.Millisecond)
+		ttl := idem.WithTTL(time.Hour)
 		var runs atomic.Int64
 		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
 			v := fmt.Sprintf("run-%d", runs.Add(1))
@@ -733,7 +734,7 @@ var sqlScenarios = []sqlScenario{
 		require.True(t, r2.Replayed, "replayed while the record lives")
 		require.Equal(t, r1.Value, r2.Value)
 
-		time.Sleep(400 * time.Millisecond)
+		expireRecord(t, e.pool, e.s, key)
 		r3, err := idem.Do(ctx, e.db, key, fn, e.s.Opt, ttl)
 		require.NoError(t, err)
 		require.False(t, r3.Replayed, "an expired record is taken over")
@@ -741,16 +742,24 @@ var sqlScenarios = []sqlScenario{
 		require.Equal(t, 2, e.s.CountEffects(t, e.pool, key))
 		require.Equal(t, 2, e.s.ReadRecord(t, e.pool, key).Attempt)
 
-		// Inside a caller's transaction, too; the default TTL then keeps it.
-		time.Sleep(400 * time.Millisecond)
+		// Inside a caller's transaction, too; the default TTL then keeps it:
+		// the record expires a DefaultTTL from its claim, not the call's hour.
+		expireRecord(t, e.pool, e.s, key)
 		var r4 idem.Result[string]
+		var claimedAt time.Time
 		require.NoError(t, e.inTx(t, func(tx pgx.Tx) (err error) {
+			if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&claimedAt); err != nil {
+				return err
+			}
 			r4, err = idem.WithIdempotency(ctx, tx, key, fn, e.s.Opt)
 			return err
 		}))
 		require.False(t, r4.Replayed)
 		require.Equal(t, "run-3", r4.Value)
-		time.Sleep(400 * time.Millisecond)
+		var expiresAt time.Time
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT expires_at FROM `+e.s.Records+` WHERE scope = $1 AND key = $2`,
+			key.Scope, key.ID).Scan(&expiresAt))
+		require.GreaterOrEqual(t, expiresAt.Sub(claimedAt), idem.DefaultTTL)
 		r5, err := idem.Do(ctx, e.db, key, fn, e.s.Opt)
 		require.NoError(t, err)
 		require.True(t, r5.Replayed)
@@ -912,14 +921,16 @@ var sqlScenarios = []sqlScenario{
 	{name: "KeepAliveRenewsLease", run: func(t *testing.T, e *sqlEnv) {
 		ctx := context.Background()
 		key := sqlKey(t)
-		const lease = 300 * time.Millisecond
+		const lease = keepAliveLease
 		l, _, err := idem.Claim[string](ctx, e.db, key, lease, e.s.Opt)
 		require.NoError(t, err)
 		require.NotNil(t, l)
+		claimedEnd := lockedUntil(t, e.pool, e.s, key)
 		workCtx, stop := l.KeepAlive(ctx, e.db)
-		time.Sleep(3 * lease)
+		sleepPast(t, e.pool, claimedEnd) // the lease as claimed has run out
 		_, _, err = idem.Claim[string](ctx, e.db, key, lease, e.s.Opt)
 		require.ErrorIs(t, err, idem.ErrInProgress, "the watchdog kept the lease alive")
+		require.True(t, lockedUntil(t, e.pool, e.s, key).After(claimedEnd), "the watchdog renewed the lease")
 		require.NoError(t, workCtx.Err())
 		require.NoError(t, stop())
 		require.ErrorIs(t, workCtx.Err(), context.Canceled)
@@ -998,11 +1009,12 @@ func requireOneOutcome(t *testing.T, e *sqlEnv, key idem.Key, values []string, e
 	require.Equal(t, 1, e.s.CountEffects(t, e.pool, key))
 }
 
-// contendedDo sends 20 concurrent callers of one key through Do at iso. fn
-// holds the claim, so the others wait on the key and meet a row committed
-// after their snapshot: 40001, which Do must retry into a replay. No caller
-// sees an error, all get one value, one effect is committed; on
-// database/sql, more transactions than callers prove the retries happened.
+// contendedDo sends 20 concurrent callers of one key through Do at iso. fn's
+// first run holds the claim until another caller waits on the key, so that
+// at least one meets a row committed after its snapshot: 40001, which Do
+// must retry into a replay. No caller sees an error, all get one value, one
+// effect is committed; on database/sql, more transactions than callers
+// prove the retries happened.
 func contendedDo(t *testing.T, e *sqlEnv, iso pgx.TxIsoLevel) {
 	key := sqlKey(t)
 	db := e.db
@@ -1021,8 +1033,14 @@ func contendedDo(t *testing.T, e *sqlEnv, iso pgx.TxIsoLevel) {
 		wg.Go(func() {
 			<-start
 			res, err := idem.Do(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
-				time.Sleep(100 * time.Millisecond)
-				v := fmt.Sprintf("run-%d-%d", runs.Add(1), time.Now().UnixNano())
+				n := runs.Add(1)
+				if n == 1 {
+					// Hold the claim until another caller waits on it.
+					if err := awaitBackend(ctx, e.pool, "wait_event_type = 'Lock'", e.s.Name); err != nil {
+						return "", err
+					}
+				}
+				v := fmt.Sprintf("run-%d-%d", n, time.Now().UnixNano())
 				return v, e.effect(ctx, tx, key, v)
 			}, e.s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: iso}),
 				idem.WithRetry(idem.RetryPolicy{MaxAttempts: 50, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}))
