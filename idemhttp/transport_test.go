@@ -156,7 +156,9 @@ func TestTransportMaxElapsedCancelsAHangingTry(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	client := &http.Client{Transport: &Transport{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond, MaxElapsed: 300 * time.Millisecond}}
+	// MaxElapsed leaves the first try and the retry time to start on a
+	// loaded machine; the second try then hangs until it passes.
+	client := &http.Client{Transport: &Transport{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond, MaxElapsed: 2 * time.Second}}
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
 	done := make(chan error, 1)
 	go func() {
@@ -185,20 +187,34 @@ func TestTransportMaxElapsedCancelsAHangingTry(t *testing.T) {
 
 // A response body read after RoundTrip returned is not cut by MaxElapsed.
 func TestTransportBodyOutlivesMaxElapsed(t *testing.T) {
+	// The headers come at once, well within MaxElapsed however loaded the
+	// machine; the body only once MaxElapsed has passed.
+	const maxElapsed = time.Second
+	release := make(chan struct{})
+	var once sync.Once
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		w.(http.Flusher).Flush()
-		time.Sleep(150 * time.Millisecond)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
 		_, _ = io.WriteString(w, "late body")
 	}))
 	defer srv.Close()
-	client := &http.Client{Transport: &Transport{MaxElapsed: 50 * time.Millisecond}}
+	defer once.Do(func() { close(release) })
+	client := &http.Client{Transport: &Transport{MaxElapsed: maxElapsed}}
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, nil)
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	// The Transport's deadline was set before Do returned: it has passed
+	// once MaxElapsed has from here.
+	time.Sleep(maxElapsed + 10*time.Millisecond)
+	once.Do(func() { close(release) })
 	b, err := io.ReadAll(resp.Body)
 	if err != nil || string(b) != "late body" {
 		t.Fatalf("body %q, err %v", b, err)
