@@ -69,6 +69,35 @@ func pendingStored(t *testing.T, ctx context.Context) bool {
 	return v
 }
 
+// countSends makes the page count the requests it starts (the submission and
+// every resend) in window.leadSends, so that a test can wait for a resend
+// rather than sleep past the page's interval.
+const countSends = `(() => {
+  window.leadSends = 0;
+  const send = window.fetch.bind(window);
+  window.fetch = (...args) => { window.leadSends++; return send(...args); };
+  return 0;
+})()`
+
+// waitSends waits until the page has started n requests since countSends.
+func waitSends(t *testing.T, ctx context.Context, timeout time.Duration, n int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		sent, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.leadSends`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sent >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the page started %d requests within %v, want %d", sent, timeout, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // blockAPI makes the lead API unreachable (or reachable again) and tells the
 // page it is offline (or online).
 func blockAPI(t *testing.T, ctx context.Context, base string, blocked bool) {
@@ -98,6 +127,9 @@ func TestLeadOfflineThenOnline(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL), fill(email)); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](countSends)); err != nil {
+		t.Fatal(err)
+	}
 	blockAPI(t, ctx, srv.URL, true)
 	if err := chromedp.Do(ctx, chromedp.Click("#submit")); err != nil {
 		t.Fatal(err)
@@ -106,7 +138,7 @@ func TestLeadOfflineThenOnline(t *testing.T) {
 	if !pendingStored(t, ctx) {
 		t.Fatal("the failed submission was not kept in localStorage")
 	}
-	time.Sleep(2500 * time.Millisecond) // an interval resend while still offline
+	waitSends(t, ctx, 10*time.Second, 2) // an interval resend while still offline
 	if n := leads(t, pool, email); n != 0 {
 		t.Fatalf("%d leads while offline", n)
 	}
