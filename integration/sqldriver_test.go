@@ -774,7 +774,7 @@ var sqlScenarios = []sqlScenario{
 		scope := "user:" + sqlKey(t).ID
 		token, err := idem.IssueToken(ctx, e.db, scope, time.Hour, e.s.Opt)
 		require.NoError(t, err)
-		require.Len(t, token, 52)
+		require.Len(t, token, 56)
 		key := idem.Key{Scope: scope, ID: token}
 		var runs atomic.Int64
 		fn := func(ctx context.Context, tx pgx.Tx) (string, error) {

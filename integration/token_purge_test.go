@@ -26,7 +26,7 @@ func TestIssuedTokens(t *testing.T) {
 
 	token, err := idem.IssueToken(ctx, pool, "user:1", time.Hour, s.Opt)
 	require.NoError(t, err)
-	require.Len(t, token, 52)
+	require.Len(t, token, 56)
 	other, err := idem.IssueToken(ctx, pool, "user:1", time.Hour, s.Opt)
 	require.NoError(t, err)
 	require.NotEqual(t, token, other)
