@@ -249,7 +249,7 @@ func TestDuplicateWaitsForInFlight(t *testing.T) {
 				defer close(done)
 				second, secondErr = idem.Do(ctx, pool, key, c.fn(key), s.Opt)
 			}()
-			waitForLockWaitOn(t, pool, s.Name)
+			waitForLockWaitOn(t, s.Name)
 			select {
 			case <-done:
 				t.Fatal("the duplicate did not wait for the in-flight transaction")
@@ -284,15 +284,17 @@ func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
 // waitForLockWaitOn waits until a backend of the test database waits on a
 // lock in a statement that names marker (a schema's name, say), so that
 // other packages' tests on the same database cannot answer for it.
-func waitForLockWaitOn(t *testing.T, pool *pgxpool.Pool, marker string) {
+func waitForLockWaitOn(t *testing.T, marker string) {
 	t.Helper()
-	require.NoError(t, awaitBackend(context.Background(), pool, "wait_event_type = 'Lock'", marker))
+	require.NoError(t, awaitBackend(context.Background(), pgtest.Direct(t), "wait_event_type = 'Lock'", marker))
 }
 
 // awaitBackend polls pg_stat_activity until a backend of the test database
 // other than its own matches cond (SQL) running a statement that contains
 // marker ("" for any), for up to 10s or until ctx ends. It does not use t,
-// so goroutines may call it.
+// so goroutines may call it. Give it pgtest.Direct: through PgBouncer, a
+// pool the watched backends share may have no server connection left to
+// look with while they wait.
 func awaitBackend(ctx context.Context, pool *pgxpool.Pool, cond, marker string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -317,7 +319,8 @@ func awaitBackend(ctx context.Context, pool *pgxpool.Pool, cond, marker string) 
 // scheduler happens to fire a timer (a cancel request that reaches an idle
 // backend is ignored). After 10s without one it cancels anyway and fails
 // the test; it gives up quietly if ctx ends first.
-func cancelWhenRunning(t *testing.T, ctx context.Context, pool *pgxpool.Pool, marker string, cancel context.CancelFunc) {
+func cancelWhenRunning(t *testing.T, ctx context.Context, marker string, cancel context.CancelFunc) {
+	pool := pgtest.Direct(t)
 	go func() {
 		defer cancel()
 		if err := awaitBackend(ctx, pool, "state = 'active'", marker); err != nil && ctx.Err() == nil {
@@ -733,7 +736,7 @@ func TestContextCancelledMidFn(t *testing.T) {
 				return "", err
 			}
 			marker := "pg_sleep(5) -- " + s.Name
-			cancelWhenRunning(t, ctx, pool, marker, cancel)
+			cancelWhenRunning(t, ctx, marker, cancel)
 			_, err := tx.Exec(ctx, "SELECT "+marker)
 			return "late", err
 		}

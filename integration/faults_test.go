@@ -176,7 +176,7 @@ func TestRecordVanishingAfterTheConflictIsClaimedAgain(t *testing.T) {
 		}
 		done <- out{res, err}
 	}()
-	waitForLockWaitOn(t, pool, s.Name)
+	waitForLockWaitOn(t, s.Name)
 	require.NoError(t, txA.Commit(ctx))
 	o := <-done
 	require.NoError(t, o.err)

@@ -379,7 +379,7 @@ func TestKeepAliveAfterComplete(t *testing.T) {
 	// waits for it.
 	_, err = tx.Exec(workCtx, `SELECT 1 FROM `+s.Records+` WHERE scope = $1 AND key = $2 FOR UPDATE`, key.Scope, key.ID)
 	require.NoError(t, err)
-	waitForLockWaitOn(t, pool, s.Name)
+	waitForLockWaitOn(t, s.Name)
 	require.NoError(t, l.Complete(workCtx, tx, charge{ChargeID: "c"}))
 	require.NoError(t, tx.Commit(workCtx))
 	// The waiting renewal finds the record completed (its hooks hear of it)...

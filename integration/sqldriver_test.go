@@ -650,7 +650,7 @@ var sqlScenarios = []sqlScenario{
 					return "", err
 				}
 				marker := "pg_sleep(5) -- " + e.s.Name
-				cancelWhenRunning(t, ctx, e.pool, marker, cancel)
+				cancelWhenRunning(t, ctx, marker, cancel)
 				_, err := tx.Exec(ctx, "SELECT "+marker)
 				return "late", err
 			}
@@ -1017,6 +1017,7 @@ func requireOneOutcome(t *testing.T, e *sqlEnv, key idem.Key, values []string, e
 // prove the retries happened.
 func contendedDo(t *testing.T, e *sqlEnv, iso pgx.TxIsoLevel) {
 	key := sqlKey(t)
+	direct := pgtest.Direct(t)
 	db := e.db
 	var begins *atomic.Int64
 	if c, ok := db.(*idemsql.DB); ok {
@@ -1036,7 +1037,7 @@ func contendedDo(t *testing.T, e *sqlEnv, iso pgx.TxIsoLevel) {
 				n := runs.Add(1)
 				if n == 1 {
 					// Hold the claim until another caller waits on it.
-					if err := awaitBackend(ctx, e.pool, "wait_event_type = 'Lock'", e.s.Name); err != nil {
+					if err := awaitBackend(ctx, direct, "wait_event_type = 'Lock'", e.s.Name); err != nil {
 						return "", err
 					}
 				}
