@@ -5,7 +5,10 @@
 // server is, then forwards the COMMIT and ends the server's side after it
 // (the transaction commits) or, with SetDropRate, ends the server's side
 // instead of forwarding it (the server rolls it back), so that both outcomes
-// hide behind the same error.
+// hide behind the same error. A client that loses its connection may send a
+// cancel request for it (pgx does): the proxy holds cancel requests back
+// until the sessions cut after a forwarded COMMIT have ended, so that a
+// cancel never turns that COMMIT into a rollback.
 //
 // The integration tests and the bench's fault suite use it; it is never part
 // of the library. It reads the client's protocol messages: a COMMIT is a
@@ -43,6 +46,9 @@ type Proxy struct {
 	mu     sync.Mutex
 	open   map[net.Conn]struct{}
 	closed bool
+	// drains holds a channel per session cut after a forwarded COMMIT,
+	// closed when the server has ended that session.
+	drains map[chan struct{}]struct{}
 }
 
 // New starts a proxy on a free loopback port in front of the server that
@@ -56,7 +62,7 @@ func New(databaseURL string) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cutproxy: %w", err)
 	}
-	p := &Proxy{ln: ln, cfg: cfg, open: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, cfg: cfg, open: map[net.Conn]struct{}{}, drains: map[chan struct{}]struct{}{}}
 	p.wg.Go(p.serve)
 	return p, nil
 }
@@ -151,24 +157,43 @@ func (p *Proxy) serve() {
 			server.Close()
 			return
 		}
-		cut := &atomic.Bool{}
-		p.wg.Go(func() { p.relay(client, server, cut) })
-		p.wg.Go(func() { p.forward(client, server, cut) })
+		l := &link{client: client, server: server}
+		p.wg.Go(func() { p.relay(l) })
+		p.wg.Go(func() { p.forward(l) })
 	}
+}
+
+// link is what the two goroutines of one forwarded connection share.
+type link struct {
+	client, server net.Conn
+	cut            atomic.Bool // the client's side was cut at a COMMIT
+
+	mu      sync.Mutex
+	relayed bool          // relay has returned: the server's side ended
+	drain   chan struct{} // a forwarded cut's, closed when relay returns
 }
 
 // relay copies the server's replies to the client until either side ends.
 // After a cut (the client's side is closed) it reads the server's replies
 // and discards them until the server ends the connection, so that the
 // COMMIT forwarded last is executed rather than lost to a reset.
-func (p *Proxy) relay(client, server net.Conn, cut *atomic.Bool) {
-	defer p.untrack(server)
-	defer p.untrack(client)
+func (p *Proxy) relay(l *link) {
+	defer func() {
+		p.untrack(l.client)
+		p.untrack(l.server)
+		l.mu.Lock()
+		l.relayed = true
+		drain := l.drain
+		l.mu.Unlock()
+		if drain != nil {
+			p.endDrain(drain)
+		}
+	}()
 	buf := make([]byte, 64<<10)
 	for {
-		n, err := server.Read(buf)
-		if n > 0 && !cut.Load() {
-			if _, werr := client.Write(buf[:n]); werr != nil && !cut.Load() {
+		n, err := l.server.Read(buf)
+		if n > 0 && !l.cut.Load() {
+			if _, werr := l.client.Write(buf[:n]); werr != nil && !l.cut.Load() {
 				return
 			}
 		}
@@ -179,7 +204,8 @@ func (p *Proxy) relay(client, server net.Conn, cut *atomic.Bool) {
 }
 
 // cutDrainTimeout bounds how long, after a cut, the proxy waits for the
-// server to end a connection it sent the COMMIT and end-of-file on.
+// server to end a connection it sent the COMMIT and end-of-file on, and how
+// long a cancel request waits for such connections.
 const cutDrainTimeout = 30 * time.Second
 
 // forward copies the client's messages to the server until either side ends
@@ -187,36 +213,47 @@ const cutDrainTimeout = 30 * time.Second
 // side first, so that no reply can reach the client, then forwards the
 // chunk carrying the COMMIT (unless it is dropped) and ends the server's
 // side: after the COMMIT when it was forwarded, in its place when not.
-func (p *Proxy) forward(client, server net.Conn, cut *atomic.Bool) {
+func (p *Proxy) forward(l *link) {
 	buf := make([]byte, 64<<10)
 	st := &stream{named: map[string]bool{}}
 	for {
-		n, err := client.Read(buf)
+		n, err := l.client.Read(buf)
 		if n > 0 {
 			cutHere, drop := false, false
 			if st.feed(buf[:n]) {
 				cutHere, drop = p.cut()
 			}
+			if st.cancel {
+				// A cancel request: it waits until the sessions cut after a
+				// forwarded COMMIT have ended.
+				st.cancel = false
+				p.awaitDrains()
+			}
 			if cutHere {
-				cut.Store(true)
-				p.untrack(client)
+				l.cut.Store(true)
+				p.untrack(l.client)
 				if drop {
-					p.untrack(server) // the COMMIT never reaches the server: it rolls back
+					p.untrack(l.server) // the COMMIT never reaches the server: it rolls back
 					return
 				}
-				if _, werr := server.Write(buf[:n]); werr != nil {
-					p.untrack(server)
+				l.mu.Lock()
+				if !l.relayed {
+					l.drain = p.startDrain()
+				}
+				l.mu.Unlock()
+				if _, werr := l.server.Write(buf[:n]); werr != nil {
+					p.untrack(l.server)
 					return
 				}
 				// End-of-file after the COMMIT: the server executes it,
 				// answers into relay's discard, and ends the session.
-				_ = server.SetReadDeadline(time.Now().Add(cutDrainTimeout))
-				if cw, ok := server.(interface{ CloseWrite() error }); !ok || cw.CloseWrite() != nil {
-					p.untrack(server)
+				_ = l.server.SetReadDeadline(time.Now().Add(cutDrainTimeout))
+				if cw, ok := l.server.(interface{ CloseWrite() error }); !ok || cw.CloseWrite() != nil {
+					p.untrack(l.server)
 				}
 				return
 			}
-			if _, werr := server.Write(buf[:n]); werr != nil {
+			if _, werr := l.server.Write(buf[:n]); werr != nil {
 				break
 			}
 		}
@@ -224,8 +261,45 @@ func (p *Proxy) forward(client, server net.Conn, cut *atomic.Bool) {
 			break
 		}
 	}
-	p.untrack(client)
-	p.untrack(server)
+	p.untrack(l.client)
+	p.untrack(l.server)
+}
+
+// startDrain registers a session cut after a forwarded COMMIT; endDrain,
+// with what it returned, marks it ended.
+func (p *Proxy) startDrain() chan struct{} {
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.drains[done] = struct{}{}
+	p.mu.Unlock()
+	return done
+}
+
+func (p *Proxy) endDrain(done chan struct{}) {
+	p.mu.Lock()
+	delete(p.drains, done)
+	p.mu.Unlock()
+	close(done)
+}
+
+// awaitDrains waits, for up to cutDrainTimeout, until the sessions cut
+// after a forwarded COMMIT so far have ended.
+func (p *Proxy) awaitDrains() {
+	p.mu.Lock()
+	pending := make([]chan struct{}, 0, len(p.drains))
+	for d := range p.drains {
+		pending = append(pending, d)
+	}
+	p.mu.Unlock()
+	timeout := time.NewTimer(cutDrainTimeout)
+	defer timeout.Stop()
+	for _, d := range pending {
+		select {
+		case <-d:
+		case <-timeout.C:
+			return
+		}
+	}
 }
 
 // cut decides whether a chunk carrying a COMMIT ends its connection, and if
@@ -250,14 +324,18 @@ func (p *Proxy) cut() (cut, drop bool) {
 type stream struct {
 	pending    []byte          // the start of a message the next read completes
 	started    bool            // the startup message has passed
+	cancel     bool            // a cancel request was read (and not yet forwarded)
 	named      map[string]bool // prepared statements that are a COMMIT
 	unnamedCmt bool            // the unnamed statement is a COMMIT
 }
 
 // protocolMajor3 is the major version in a startup message (3.0, 3.2, ...);
 // the other untyped requests (SSL, GSS encryption, cancel) carry 1234 there
-// and come before it or alone.
-const protocolMajor3 = 3
+// and come before it or alone. cancelRequestCode is a cancel request's.
+const (
+	protocolMajor3    = 3
+	cancelRequestCode = 1234<<16 | 5678
+)
 
 // feed reads the complete messages in chunk (with what an earlier chunk
 // left) and reports whether one of them executes a COMMIT.
@@ -272,7 +350,9 @@ func (st *stream) feed(chunk []byte) (commit bool) {
 			if n < 8 || len(data) < n {
 				break
 			}
-			st.started = binary.BigEndian.Uint32(data[4:])>>16 == protocolMajor3
+			code := binary.BigEndian.Uint32(data[4:])
+			st.started = code>>16 == protocolMajor3
+			st.cancel = st.cancel || code == cancelRequestCode
 			data = data[n:]
 			continue
 		}

@@ -68,22 +68,31 @@ func TestStreamFindsCommits(t *testing.T) {
 	}
 }
 
-// instantServer is a PostgreSQL server that answers every simple query the
-// moment it arrives, the fastest a server can be. It accepts any startup,
-// and when a connection ends it sends the queries that connection carried
-// on sessions.
-type instantServer struct {
-	ln       net.Listener
-	sessions chan []string
+// fakeServer is a PostgreSQL server that answers every simple query the
+// moment it arrives (a COMMIT after commitDelay), the fastest a server can
+// be. It accepts any startup, gives each session a process ID of its own,
+// and when a session ends it sends the queries it carried on sessions. It
+// counts the cancel requests it receives, and those that came for a session
+// still open.
+type fakeServer struct {
+	ln          net.Listener
+	commitDelay time.Duration
+	sessions    chan []string
+
+	mu      sync.Mutex
+	nextPID uint32
+	open    map[uint32]bool // the sessions not yet ended, by process ID
+	cancels int
+	early   int // cancel requests for a session still open
 }
 
-func newInstantServer(t *testing.T) *instantServer {
+func newFakeServer(t *testing.T, commitDelay time.Duration) *fakeServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &instantServer{ln: ln, sessions: make(chan []string, 1000)}
+	s := &fakeServer{ln: ln, commitDelay: commitDelay, sessions: make(chan []string, 1000), open: map[uint32]bool{}}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -102,22 +111,41 @@ func newInstantServer(t *testing.T) *instantServer {
 }
 
 // url is the server's connection string.
-func (s *instantServer) url() string {
+func (s *fakeServer) url() string {
 	return "postgres://u@" + s.ln.Addr().String() + "/db?sslmode=disable"
 }
 
-func (s *instantServer) serve(c net.Conn) {
+func (s *fakeServer) serve(c net.Conn) {
 	defer c.Close()
 	b := pgproto3.NewBackend(c, c)
-	if m, err := b.ReceiveStartupMessage(); err != nil {
+	m, err := b.ReceiveStartupMessage()
+	if err != nil {
 		return
-	} else if _, ok := m.(*pgproto3.StartupMessage); !ok {
-		return // a cancel request (pgconn sends one for a broken query): no session
 	}
+	if cr, ok := m.(*pgproto3.CancelRequest); ok {
+		s.mu.Lock()
+		s.cancels++
+		if s.open[cr.ProcessID] {
+			s.early++
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	s.nextPID++
+	pid := s.nextPID
+	s.open[pid] = true
+	s.mu.Unlock()
 	var queries []string
-	defer func() { s.sessions <- queries }()
+	defer func() {
+		s.mu.Lock()
+		delete(s.open, pid) // ended before the connection closes
+		s.mu.Unlock()
+		c.Close()
+		s.sessions <- queries
+	}()
 	b.Send(&pgproto3.AuthenticationOk{})
-	b.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{1, 2, 3, 4}})
+	b.Send(&pgproto3.BackendKeyData{ProcessID: pid, SecretKey: []byte{1, 2, 3, 4}})
 	b.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
 	if b.Flush() != nil {
 		return
@@ -132,6 +160,9 @@ func (s *instantServer) serve(c net.Conn) {
 			continue
 		}
 		queries = append(queries, q.String)
+		if q.String == "COMMIT" {
+			time.Sleep(s.commitDelay) // the server is still committing
+		}
 		b.Send(&pgproto3.CommandComplete{CommandTag: []byte(strings.Fields(q.String)[0])})
 		b.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
 		if b.Flush() != nil {
@@ -145,7 +176,7 @@ func (s *instantServer) serve(c net.Conn) {
 // reached the server (forwarded, then cut) or not (dropped), and a query
 // before it on the same connection is relayed as usual.
 func TestCutCommitIsNeverAnswered(t *testing.T) {
-	srv := newInstantServer(t)
+	srv := newFakeServer(t, 0)
 	p, err := New(srv.url())
 	if err != nil {
 		t.Fatal(err)
@@ -185,5 +216,50 @@ func TestCutCommitIsNeverAnswered(t *testing.T) {
 	}
 	if p.Cuts() != rounds || p.Drops() != rounds/4 {
 		t.Fatalf("cuts %d, drops %d; want %d, %d", p.Cuts(), p.Drops(), rounds, rounds/4)
+	}
+}
+
+// A client that lost its connection at a forwarded COMMIT sends a cancel
+// request for it (pgconn does so itself, and here once more by hand): the
+// proxy passes it on only once the server ended the session, so that it
+// cannot cancel the COMMIT the server is still running.
+func TestCancelWaitsForTheCutCommit(t *testing.T) {
+	srv := newFakeServer(t, 20*time.Millisecond)
+	p, err := New(srv.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	p.SetCutRate(1)
+	ctx := context.Background()
+	const rounds = 20
+	for i := range rounds {
+		conn, err := pgconn.Connect(ctx, p.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "COMMIT").ReadAll(); err == nil {
+			t.Fatalf("round %d: the cut COMMIT was answered", i)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = conn.CancelRequest(cctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: the cancel request: %v", i, err)
+		}
+		conn.Close(ctx)
+		select {
+		case got := <-srv.sessions:
+			if !slices.Equal(got, []string{"COMMIT"}) {
+				t.Fatalf("round %d: the server received %q", i, got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the server's connection did not end", i)
+		}
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if srv.cancels < rounds || srv.early != 0 {
+		t.Fatalf("%d cancel requests, %d of them while their session ran; want at least %d, none early", srv.cancels, srv.early, rounds)
 	}
 }
