@@ -230,17 +230,21 @@ func (p *Proxy) forward(l *link) {
 				p.awaitDrains()
 			}
 			if cutHere {
+				if !drop {
+					// Registered before the client can see the cut and send
+					// a cancel request, which then waits for it.
+					l.mu.Lock()
+					if !l.relayed {
+						l.drain = p.startDrain()
+					}
+					l.mu.Unlock()
+				}
 				l.cut.Store(true)
 				p.untrack(l.client)
 				if drop {
 					p.untrack(l.server) // the COMMIT never reaches the server: it rolls back
 					return
 				}
-				l.mu.Lock()
-				if !l.relayed {
-					l.drain = p.startDrain()
-				}
-				l.mu.Unlock()
 				if _, werr := l.server.Write(buf[:n]); werr != nil {
 					p.untrack(l.server)
 					return
