@@ -274,13 +274,6 @@ func TestDuplicateWaitsForInFlight(t *testing.T) {
 	}
 }
 
-// waitForLockWait waits until some backend of the test database waits on a
-// lock.
-func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
-	t.Helper()
-	require.NoError(t, awaitBackend(context.Background(), pool, "wait_event_type = 'Lock'", ""))
-}
-
 // waitForLockWaitOn waits until a backend of the test database waits on a
 // lock in a statement that names marker (a schema's name, say), so that
 // other packages' tests on the same database cannot answer for it.
