@@ -171,18 +171,26 @@ func (s *fakeServer) serve(c net.Conn) {
 	}
 }
 
-// TestCutCommitIsNeverAnswered cuts COMMITs in front of a server that
-// answers at once: the client never gets the answer, whether the COMMIT
-// reached the server (forwarded, then cut) or not (dropped), and a query
-// before it on the same connection is relayed as usual.
-func TestCutCommitIsNeverAnswered(t *testing.T) {
-	srv := newFakeServer(t, 0)
+// cuttingEveryCommit is a proxy in front of srv that cuts every COMMIT,
+// closed when the test ends.
+func cuttingEveryCommit(t *testing.T, srv *fakeServer) *Proxy {
+	t.Helper()
 	p, err := New(srv.url())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
 	p.SetCutRate(1)
+	return p
+}
+
+// TestCutCommitIsNeverAnswered cuts COMMITs in front of a server that
+// answers at once: the client never gets the answer, whether the COMMIT
+// reached the server (forwarded, then cut) or not (dropped), and a query
+// before it on the same connection is relayed as usual.
+func TestCutCommitIsNeverAnswered(t *testing.T) {
+	srv := newFakeServer(t, 0)
+	p := cuttingEveryCommit(t, srv)
 	ctx := context.Background()
 	const rounds = 200
 	for i := range rounds {
@@ -225,12 +233,7 @@ func TestCutCommitIsNeverAnswered(t *testing.T) {
 // cannot cancel the COMMIT the server is still running.
 func TestCancelWaitsForTheCutCommit(t *testing.T) {
 	srv := newFakeServer(t, 20*time.Millisecond)
-	p, err := New(srv.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	p.SetCutRate(1)
+	p := cuttingEveryCommit(t, srv)
 	ctx := context.Background()
 	const rounds = 20
 	for i := range rounds {
