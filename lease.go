@@ -31,8 +31,29 @@ type Lease[T any] struct {
 	data     []byte
 	duration time.Duration
 	cfg      config
-	granted  time.Time   // when the claim was sent: the lease runs from about then
+	// renewed is when the request behind the lease's latest known renewal
+	// (the claim, an Extend, a Checkpoint) was sent, as monoSince reads it:
+	// the lease runs from about then.
+	renewed  atomic.Int64
 	finished atomic.Bool // Complete, Fail or Release was called: stop renewing
+}
+
+// monoBase anchors the monotonic times a Lease keeps in an atomic.Int64.
+var monoBase = time.Now()
+
+// monoSince is the monotonic time elapsed since monoBase.
+func monoSince() time.Duration { return time.Since(monoBase) }
+
+// renewedAt records that a renewal sent at sent succeeded, unless a later one
+// is already known (KeepAlive's renewals and the holder's own calls may
+// overlap).
+func (l *Lease[T]) renewedAt(sent time.Duration) {
+	for {
+		prev := l.renewed.Load()
+		if int64(sent) <= prev || l.renewed.CompareAndSwap(prev, int64(sent)) {
+			return
+		}
+	}
 }
 
 // Claim claims key for work outside a transaction and commits the claim: a
@@ -99,7 +120,8 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 	_, inTx := db.(pgx.Tx)
 
 	for range maxClaimTries {
-		l := &Lease[T]{key: key, duration: lease, cfg: *cfg, granted: time.Now()}
+		l := &Lease[T]{key: key, duration: lease, cfg: *cfg}
+		l.renewed.Store(int64(monoSince()))
 		var rec record
 		claimed, found := false, false
 		b := &pgx.Batch{}
@@ -209,15 +231,21 @@ func (l *Lease[T]) guarded(ctx context.Context, db DBTX, op, sql string, args ..
 // clock: the heartbeat. It returns ErrLeaseLost if another worker took the
 // key over.
 func (l *Lease[T]) Extend(ctx context.Context, db DBTX) error {
-	return l.guarded(ctx, db, "Extend", l.cfg.q.leaseUpdate, l.duration.Microseconds())
+	sent := monoSince()
+	if err := l.guarded(ctx, db, "Extend", l.cfg.q.leaseUpdate, l.duration.Microseconds()); err != nil {
+		return err
+	}
+	l.renewedAt(sent)
+	return nil
 }
 
 // KeepAlive renews the lease in the background every third of its duration:
 // the watchdog. It returns a context derived from ctx that is cancelled, with
 // a cause matching ErrLeaseLost, when the lease is lost: a renewal found it
 // taken over, or no renewal succeeded within a lease duration of the last
-// one sent (a renewal that hangs counts as failed when the lease it would
-// extend has run out). Use that context for the work the lease protects.
+// one sent, by KeepAlive or by the holder's own Extend and Checkpoint calls
+// (a renewal that hangs counts as failed when the lease it would extend has
+// run out). Use that context for the work the lease protects.
 // stop ends the renewals and returns why they ended early (nil if they did
 // not, or if ctx ended them). Renewals stop once Complete, Fail or Release is
 // called. KeepAlive uses db concurrently with the holder's own calls, so db
@@ -234,8 +262,8 @@ func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, fun
 		defer t.Stop()
 		// Time spent on the application clock since a request was sent can
 		// only understate how long the server has counted, so the lease is
-		// known to hold until lastSent + duration at most.
-		lastSent := l.granted
+		// known to hold until the latest renewal's sending + duration at
+		// most.
 		for {
 			select {
 			case <-workCtx.Done():
@@ -245,22 +273,22 @@ func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, fun
 			if l.finished.Load() {
 				return
 			}
-			sent := time.Now()
-			deadline := lastSent.Add(l.duration)
-			if !sent.Before(deadline) {
+			sent := monoSince()
+			left := time.Duration(l.renewed.Load()) + l.duration - sent
+			if left <= 0 {
 				lost = fmt.Errorf("%w: no renewal succeeded within %v", ErrLeaseLost, l.duration)
 				l.cfg.emit(ctx, EventLeaseLost, "KeepAlive", l.key, l.attempt, time.Time{}, lost)
 				cancel(lost)
 				return
 			}
-			extCtx, cancelExt := context.WithDeadline(workCtx, deadline)
+			extCtx, cancelExt := context.WithTimeout(workCtx, left)
 			err := l.Extend(extCtx, db)
 			cancelExt()
 			switch {
 			case l.finished.Load():
 				return // completed (or released) meanwhile: not a loss
 			case err == nil:
-				lastSent = sent
+				// Extend recorded the renewal.
 			case errors.Is(err, ErrLeaseLost):
 				lost = err
 				cancel(lost)
@@ -292,9 +320,11 @@ func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data a
 	if err != nil {
 		return err
 	}
+	sent := monoSince()
 	if err := l.guarded(ctx, db, "Checkpoint", l.cfg.q.leaseCheckpoint, point, enc, l.duration.Microseconds()); err != nil {
 		return err
 	}
+	l.renewedAt(sent)
 	l.point, l.data = point, enc
 	return nil
 }

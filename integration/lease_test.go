@@ -208,9 +208,17 @@ func TestKeepAlive(t *testing.T) {
 	require.NoError(t, stop())
 	require.ErrorIs(t, workCtx.Err(), context.Canceled)
 
-	// A watchdog notices a takeover and cancels the work. (A fresh lease:
-	// a second watchdog on l would count from l's claim, which its first
-	// watchdog outlived.)
+	// A second watchdog on l, which has outlived the lease as claimed,
+	// counts from the first one's latest renewal, not from the claim: it
+	// renews, and reports nothing lost.
+	renewedEnd := lockedUntil(t, pool, s, key)
+	workCtx, stop = l.KeepAlive(ctx, pool)
+	require.Eventually(t, func() bool { return lockedUntil(t, pool, s, key).After(renewedEnd) }, 10*time.Second, 20*time.Millisecond,
+		"the second watchdog did not renew the lease")
+	require.NoError(t, workCtx.Err(), "the second watchdog took the lease for lost")
+	require.NoError(t, stop())
+
+	// A watchdog notices a takeover and cancels the work.
 	other := idem.Key{Scope: "shop", ID: "watchdog-2"}
 	l1, _, err := idem.Claim[charge](ctx, pool, other, keepAliveLease, s.Opt)
 	require.NoError(t, err)
