@@ -343,7 +343,9 @@ func TestHoldTimeoutDoesNotBoundTheWait(t *testing.T) {
 	const bound = 500 * time.Millisecond
 	release := make(chan struct{})
 	holder := make(chan error, 1)
+	hooked := false
 	tr := &takeoverTracer{hook: func() {
+		hooked = true
 		claimed := make(chan struct{})
 		go func() {
 			_, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (string, error) {
@@ -367,21 +369,14 @@ func TestHoldTimeoutDoesNotBoundTheWait(t *testing.T) {
 			s.Opt, idem.WithHoldTimeout(bound))
 		waiter <- err
 	}()
-	for waited := false; !waited; {
-		select {
-		case err := <-waiter:
-			close(release)
-			require.NoError(t, <-holder)
-			t.Fatalf("the waiter returned before the holder ended: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE application_name = 'idem-hold-waiter' AND wait_event_type = 'Lock'
-			AND clock_timestamp() - query_start > $1::bigint * interval '2 ms')`, bound.Milliseconds()).Scan(&waited))
-	}
+	waitErr := awaitBackend(ctx, pgtest.Direct(t), fmt.Sprintf(`application_name = 'idem-hold-waiter'
+		AND wait_event_type = 'Lock' AND clock_timestamp() - query_start > interval '%d ms'`, 2*bound.Milliseconds()), "")
 	close(release)
+	waiterErr := <-waiter
+	require.True(t, hooked, "the waiter never tried to take the record over")
 	require.NoError(t, <-holder)
-	require.NoError(t, <-waiter, "the waiter held nothing, yet was bounded")
+	require.NoError(t, waiterErr, "the waiter held nothing, yet was bounded")
+	require.NoError(t, waitErr)
 	require.True(t, res.Replayed)
 	require.Equal(t, "holder", res.Value)
 }
