@@ -133,15 +133,22 @@ func TestEntryPointsCheckArgumentsBeforeSQL(t *testing.T) {
 		{"IssueToken nil db", func() error { _, err := idem.IssueToken(ctx, nil, "s", time.Minute); return err }, idem.ErrInvalidOption},
 		{"IssueToken zero TTL", func() error { _, err := idem.IssueToken(ctx, db, "s", 0); return err }, idem.ErrInvalidOption},
 
-		{"Purge nil db", func() error { _, err := idem.Purge(ctx, nil, idem.PurgeOptions{}); return err }, idem.ErrInvalidOption},
-		{"Purge negative batch", func() error { _, err := idem.Purge(ctx, db, idem.PurgeOptions{BatchSize: -1}); return err }, idem.ErrInvalidOption},
-		{"Purge negative rate", func() error { _, err := idem.Purge(ctx, db, idem.PurgeOptions{RowsPerSecond: -1}); return err }, idem.ErrInvalidOption},
+		{"Purge nil db", func() error { _, err := idem.Purge(ctx, nil, idem.PurgeParams{}); return err }, idem.ErrInvalidOption},
+		{"Purge negative batch", func() error { _, err := idem.Purge(ctx, db, idem.PurgeParams{BatchSize: -1}); return err }, idem.ErrInvalidOption},
+		{"Purge negative rate", func() error { _, err := idem.Purge(ctx, db, idem.PurgeParams{RowsPerSecond: -1}); return err }, idem.ErrInvalidOption},
 		{"Purge negative retention", func() error {
-			_, err := idem.Purge(ctx, db, idem.PurgeOptions{InboxRetention: -time.Second})
+			_, err := idem.Purge(ctx, db, idem.PurgeParams{InboxRetention: -time.Second})
 			return err
 		}, idem.ErrInvalidOption},
-		{"Purge bad option", func() error { _, err := idem.Purge(ctx, db, idem.PurgeOptions{}, badTable); return err }, idem.ErrInvalidOption},
-		{"PurgeInbox zero age", func() error { _, err := idem.PurgeInbox(ctx, db, 0, 0); return err }, idem.ErrInvalidOption},
+		{"Purge bad option", func() error { _, err := idem.Purge(ctx, db, idem.PurgeParams{}, badTable); return err }, idem.ErrInvalidOption},
+		{"Purge bad inbox table", func() error {
+			_, err := idem.Purge(ctx, db, idem.PurgeParams{InboxRetention: time.Hour}, idem.WithInboxTable("", "1inbox"))
+			return err
+		}, idem.ErrInvalidOption},
+		{"Purge negative retry", func() error {
+			_, err := idem.Purge(ctx, db, idem.PurgeParams{Retry: idem.RetryPolicy{MaxAttempts: -1}})
+			return err
+		}, idem.ErrInvalidOption},
 		{"Purger without DB", func() error { return (&idem.Purger{}).Run(ctx) }, idem.ErrInvalidOption},
 		{"Purger negative interval", func() error { return (&idem.Purger{DB: db, Interval: -1}).Run(ctx) }, idem.ErrInvalidOption},
 

@@ -139,7 +139,7 @@ func TestFailureMessageIsCut(t *testing.T) {
 	require.Equal(t, "a€", string(failureMessage(&cfg, errors.New("a€€"))))
 	require.Equal(t, "abcd", string(failureMessage(&cfg, errors.New("abcd€"))))
 
-	cfg, err = newConfig(nil)
+	cfg, err = newConfig([]Option(nil))
 	require.NoError(t, err)
 	long := strings.Repeat("x", DefaultMaxResultSize+1)
 	require.Len(t, failureMessage(&cfg, errors.New(long)), DefaultMaxResultSize)

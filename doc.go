@@ -53,24 +53,16 @@
 //   - ConsumeOnce processes a queue message once per consumer.
 //   - Purge and Purger delete expired records.
 //
+// Options are scoped to the calls they apply to, so a meaningless one does
+// not compile: Do takes every DoOption (WithTxOptions, WithRetry, and the
+// rest); WithIdempotency takes Options (NoWait, WithHoldTimeout, and the
+// rest); Claim takes KeyOptions (WithTTL, WithCodec, WithMaxResultSize,
+// RequireIssued, WithHooks, and the table options); the calls that read or
+// maintain the tables take TableOptions (WithTable, WithInboxTable).
+//
 // The migrations package creates the tables; package idemhttp provides the
 // Idempotency-Key HTTP middleware and a retrying client transport. Every
 // decision about time (TTLs, leases) uses the database clock.
-//
-// How statements travel: on a *pgxpool.Pool or *pgx.Conn in pgx's default
-// query mode (QueryExecModeCacheStatement) with no tracer configured, the
-// claim, the completion and the statements around them go below pgx.Batch,
-// as pgconn batches of statements prepared with Conn.Prepare (one round trip
-// each, as pgx.Batch would take, with about a third of the allocations; the
-// first use of each statement on a connection prepares it in a round trip
-// of its own).
-// With a pgx tracer (ConnConfig.Tracer) they go through pgx.Batch, so the
-// tracer sees every statement; in the other query modes, which poolers
-// such as PgBouncer before 1.21 need, they go through pgx.Batch too and idem
-// prepares no statement. A prepared statement the server dropped behind
-// pgx's back (DISCARD ALL) fails the call that meets it with SQLSTATE 26000;
-// idem then forgets its statements on that connection, and the next call
-// prepares them again.
 //
 // The Example functions are programs that run against PostgreSQL.
 package idem

@@ -3,6 +3,8 @@ package idem
 import (
 	"errors"
 	"fmt"
+
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // Sentinel errors. Match them with errors.Is; the errors idem returns wrap them
@@ -115,16 +117,6 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-// SQLSTATE codes idem reacts to.
-const (
-	sqlstateSerializationFailure = "40001"
-	sqlstateDeadlockDetected     = "40P01"
-	sqlstateLockNotAvailable     = "55P03"
-	sqlstateUniqueViolation      = "23505"
-	sqlstateIdleInTxTimeout      = "25P03"
-	sqlstateQueryCanceled        = "57014"
-)
-
 // IsRetryable reports whether err is a serialization failure (SQLSTATE 40001)
 // or a detected deadlock (40P01), from pgx (*pgconn.PgError) or from any
 // driver whose error has a SQLState method, such as lib/pq's *pq.Error
@@ -133,17 +125,6 @@ const (
 // READ or SERIALIZABLE, WithIdempotency returns such errors unchanged when a
 // concurrent transaction with the same key commits first.
 func IsRetryable(err error) bool {
-	code := pgCode(err)
-	return code == sqlstateSerializationFailure || code == sqlstateDeadlockDetected
-}
-
-// pgCode returns err's SQLSTATE, or "" when err carries none. It accepts any
-// error with a SQLState method: pgx's *pgconn.PgError and, through
-// database/sql (see idemsql), lib/pq's *pq.Error.
-func pgCode(err error) string {
-	var e interface{ SQLState() string }
-	if errors.As(err, &e) {
-		return e.SQLState()
-	}
-	return ""
+	code := pgerr.Code(err)
+	return code == pgerr.SerializationFailure || code == pgerr.DeadlockDetected
 }

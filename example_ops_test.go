@@ -49,7 +49,7 @@ func ExamplePurge() {
 		}
 	}
 	time.Sleep(10 * time.Millisecond)
-	deleted, err := idem.Purge(ctx, pool, idem.PurgeOptions{})
+	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{})
 	if err != nil {
 		panic(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemkit/idem/internal/ident"
 )
 
 // FuzzKeyValidate: Validate never panics, and accepts exactly the keys
@@ -92,7 +94,7 @@ func FuzzStateMachineConfig(f *testing.F) {
 			return
 		}
 		for _, n := range []string{table, idCol, stateCol} {
-			if !identRE.MatchString(n) {
+			if !ident.Plain(n, 63) {
 				t.Fatalf("accepted identifier %q", n)
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // WithHoldTimeout bounds how long a call of Do or WithIdempotency may hold its
@@ -42,15 +44,15 @@ import (
 // By default there is no bound of idem's own: a holder is bounded by the
 // server's settings, if any. d must be positive and at most about 24 days
 // (PostgreSQL's limit); it is rounded up to whole milliseconds. Lease mode
-// (Claim) is bounded by its lease instead and ignores it.
+// (Claim) is bounded by its lease instead.
 func WithHoldTimeout(d time.Duration) Option {
-	return func(c *config) {
+	return txOpt(func(c *config) {
 		if d <= 0 || d > MaxHoldTimeout {
 			c.fail("WithHoldTimeout(%v): the bound must be positive and at most %v", d, MaxHoldTimeout)
 			return
 		}
 		c.holdTimeout = d
-	}
+	})
 }
 
 // MaxHoldTimeout is the largest bound WithHoldTimeout takes: the largest
@@ -100,7 +102,7 @@ func bound(ctx context.Context, tx pgx.Tx, d time.Duration) (*heldSettings, erro
 // other cancellations, and it does not end the transaction. A Permanent
 // error was recorded, so it is not one.
 func holdError(cfg *config, err error) error {
-	if err == nil || cfg.holdTimeout == 0 || IsPermanent(err) || pgCode(err) != sqlstateIdleInTxTimeout {
+	if err == nil || cfg.holdTimeout == 0 || IsPermanent(err) || pgerr.Code(err) != pgerr.IdleInTxTimeout {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrHoldTimeout, err)

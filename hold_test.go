@@ -20,7 +20,7 @@ func TestWithHoldTimeout(t *testing.T) {
 		require.NoError(t, err, "%v", d)
 		require.Equal(t, d, cfg.holdTimeout)
 	}
-	cfg, err := newConfig(nil)
+	cfg, err := newConfig([]Option(nil))
 	require.NoError(t, err)
 	require.Zero(t, cfg.holdTimeout, "no bound by default")
 }

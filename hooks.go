@@ -90,8 +90,8 @@ type Hooks interface {
 // a nil pointer of a type that implements Hooks is not nil and is called.
 // Pass the same option to every call, or wrap it once in a slice of
 // options.
-func WithHooks(h Hooks) Option {
-	return func(c *config) { c.hooks = h }
+func WithHooks(h Hooks) KeyOption {
+	return keyOpt(func(c *config) { c.hooks = h })
 }
 
 // emit reports an event when hooks are set; with none it costs a nil check.
@@ -147,8 +147,8 @@ type SlogHooks struct {
 	ClearKeys bool
 }
 
-// DefaultEventLevel is SlogHooks' default Level.
-func DefaultEventLevel(k EventKind) slog.Level {
+// defaultEventLevel is SlogHooks' default Level.
+func defaultEventLevel(k EventKind) slog.Level {
 	switch k {
 	case EventExecuted, EventReplayed:
 		return slog.LevelDebug
@@ -167,7 +167,7 @@ func (h SlogHooks) Event(ctx context.Context, e Event) {
 	if l == nil {
 		l = slog.Default()
 	}
-	level := DefaultEventLevel(e.Kind)
+	level := defaultEventLevel(e.Kind)
 	if h.Level != nil {
 		level = h.Level(e.Kind)
 	}

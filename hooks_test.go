@@ -13,7 +13,7 @@ import (
 
 // With no hooks set, reporting an outcome allocates nothing.
 func TestHooksOffAllocateNothing(t *testing.T) {
-	cfg, err := newConfig(nil)
+	cfg, err := newConfig([]Option(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,31 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Record is a record row as operators see it: what Lookup and Stuck return.
-type Record struct {
-	// Scope and ID name the key.
-	Scope, ID string
-	// Status is StatusProcessing, StatusSucceeded, StatusFailed or
-	// StatusIssued.
-	Status string
-	// Attempt is the fencing token of lease mode: 1 for the first holder,
-	// incremented by every takeover. Tokens not yet used have 0.
-	Attempt int32
-	// Fingerprint is the request digest the key was first used with (nil
-	// when none was given).
-	Fingerprint []byte
-	// Response is the encoded result (or, for StatusFailed, the recorded
-	// error message; for a lease still processing, its checkpoint data).
-	Response []byte
-	// LockedUntil is the end of a lease-mode record's lease, or nil.
-	LockedUntil *time.Time
-	// RecoveryPoint is the last checkpoint of a lease, or "".
-	RecoveryPoint string
-	// CreatedAt, UpdatedAt and ExpiresAt are by the database clock. After
-	// ExpiresAt the key counts as unused and Purge may delete the record.
-	CreatedAt, UpdatedAt, ExpiresAt time.Time
-}
-
 // Stats describes a record table: what the idem CLI's stats command shows.
 type Stats struct {
 	// Statuses counts the records by status.
@@ -64,7 +39,7 @@ func scanRecord(row pgx.Row) (*Record, error) {
 // Lookup returns the record of a key, expired or not, or ErrNotFound. An
 // uncommitted claim is invisible to it. scope and id are validated like a
 // Key's (ErrInvalidKey). WithTable names the table.
-func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...Option) (*Record, error) {
+func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption) (*Record, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: Lookup needs a database", ErrInvalidOption)
 	}
@@ -92,7 +67,7 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...Option) (*Re
 // Release is listed too, until the key is claimed again. No index covers
 // locked_until, so it reads the whole table: on a large table, run it from
 // a replica or off-peak. WithTable names the table.
-func Stuck(ctx context.Context, db DBTX, limit int, opts ...Option) ([]Record, error) {
+func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) ([]Record, error) {
 	if db == nil || limit <= 0 {
 		return nil, fmt.Errorf("%w: Stuck needs a database and a positive limit", ErrInvalidOption)
 	}
@@ -121,7 +96,7 @@ func Stuck(ctx context.Context, db DBTX, limit int, opts ...Option) ([]Record, e
 // inboxRetention is positive, the inbox rows consumed longer ago than that.
 // It reads through the expires_at and consumed_at indexes rather than the
 // whole tables. WithTable and WithInboxTable name the tables.
-func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, opts ...Option) (records, inbox int64, err error) {
+func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, opts ...TableOption) (records, inbox int64, err error) {
 	if db == nil || inboxRetention < 0 {
 		return 0, 0, fmt.Errorf("%w: CountExpired needs a database and a non-negative retention", ErrInvalidOption)
 	}
@@ -148,7 +123,7 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 // record and its size, in one statement (one snapshot). It reads the whole
 // table (a sequential scan): on a large table, run it from a replica or
 // off-peak. WithTable names the table.
-func TableStats(ctx context.Context, db DBTX, opts ...Option) (*Stats, error) {
+func TableStats(ctx context.Context, db DBTX, opts ...TableOption) (*Stats, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: TableStats needs a database", ErrInvalidOption)
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // claimLockTimeout bounds how long Claim may wait for a row another
@@ -60,14 +62,17 @@ func (l *Lease[T]) renewedAt(sent time.Duration) {
 // processing record whose lease runs for lease (measured by the database
 // clock) unless extended.
 //
-// Outcomes: a *Lease (and a zero Result) when this call holds the key, either
-// new or taken over from a holder whose lease ran out (Attempt incremented;
-// RecoveryPoint set if that holder checkpointed); no Lease and the recorded
-// Result (Replayed true) when the key already finished, or the recorded
-// Permanent error; ErrInProgress at once while another holder's lease is
-// live (Claim never waits for it); ErrKeyReused for another fingerprint;
-// ErrInvalidKey before any SQL. With RequireIssued only tokens from
-// IssueToken are accepted.
+// Outcomes:
+//   - a *Lease and a zero Result: this call holds the key, new or taken over
+//     from a holder whose lease ran out (Attempt incremented; RecoveryPoint
+//     set if that holder checkpointed);
+//   - no Lease and the recorded Result (Replayed true): the key finished;
+//     or the recorded Permanent error;
+//   - ErrInProgress, at once, while another holder's lease is live (Claim
+//     never waits for it);
+//   - ErrKeyReused for another fingerprint; ErrInvalidKey or
+//     ErrInvalidOption before any SQL; with RequireIssued, a *TokenError for
+//     a key IssueToken did not hand out.
 //
 // db should be a pool or a connection, so that the claim commits at once
 // and Claim waits at most 100ms for a row another transaction holds. With a
@@ -80,22 +85,11 @@ func (l *Lease[T]) renewedAt(sent time.Duration) {
 // Inside a REPEATABLE READ or SERIALIZABLE transaction, a change committed
 // after its snapshot (another holder's renewal, say) fails them with SQLSTATE
 // 40001 instead; the transaction must roll back either way.
-func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, opts ...Option) (*Lease[T], Result[T], error) {
+func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, opts ...KeyOption) (*Lease[T], Result[T], error) {
 	var zero Result[T]
-	if err := key.Validate(); err != nil {
-		return nil, zero, err
-	}
-	if db == nil || lease <= 0 {
-		return nil, zero, fmt.Errorf("%w: Claim needs a database and a positive lease", ErrInvalidOption)
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := newCall("Claim", key, db != nil && lease > 0, "a database and a positive lease", opts)
 	if err != nil {
 		return nil, zero, err
-	}
-	if cfg.requireIssued {
-		if err := checkTokenShape(key); err != nil {
-			return nil, zero, err
-		}
 	}
 	start := time.Now()
 	l, res, err := claim[T](ctx, db, key, lease, &cfg)
@@ -139,16 +133,9 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 				claimed = err == nil
 				return err
 			})
-		b.Queue(cfg.q.leaseRead, key.Scope, key.ID).QueryRow(func(r pgx.Row) error {
-			err := r.Scan(rec.scanTargets(false)...)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			found = err == nil
-			return err
-		})
+		b.Queue(cfg.q.read, key.Scope, key.ID).QueryRow(rec.scan(&found))
 		if err := db.SendBatch(ctx, b).Close(); err != nil {
-			if pgCode(err) == sqlstateLockNotAvailable && !inTx {
+			if pgerr.Code(err) == pgerr.LockNotAvailable && !inTx {
 				return nil, zero, ErrInProgress
 			}
 			return nil, zero, err

@@ -2,10 +2,11 @@ package idem
 
 import (
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/ident"
 )
 
 // DefaultTTL is how long a record is kept, and replayed, unless WithTTL says
@@ -16,10 +17,75 @@ const DefaultTTL = 24 * time.Hour
 // recorded unless WithMaxResultSize says otherwise: 1 MiB.
 const DefaultMaxResultSize = 1 << 20
 
-// Option configures one call of WithIdempotency or Do. Options that do not
-// apply to a call (WithTxOptions for WithIdempotency) are ignored by it.
-type Option func(*config)
+// Options are scoped to the calls they affect, so that a combination that
+// could not apply does not compile. From the narrowest to the widest:
+//
+//   - DoOption configures Do alone: WithTxOptions, WithRetry.
+//   - Option configures WithIdempotency and Do: NoWait, WithHoldTimeout.
+//   - KeyOption configures every call that claims a key (WithIdempotency,
+//     Do, Claim): WithTTL, WithCodec, WithMaxResultSize, RequireIssued,
+//     WithHooks.
+//   - TableOption names idem's tables for every call: WithTable,
+//     WithInboxTable.
+//
+// Each kind is also one of the kinds above it, so Do takes them all and
+// Lookup only TableOptions.
 
+// DoOption configures a call of Do. Every Option is one.
+type DoOption interface {
+	apply(*config)
+	doOption()
+}
+
+// Option configures a call of WithIdempotency or Do. Every KeyOption is one.
+type Option interface {
+	DoOption
+	txOption()
+}
+
+// KeyOption configures a call that claims a key: WithIdempotency, Do and
+// Claim. Every TableOption is one.
+type KeyOption interface {
+	Option
+	keyOption()
+}
+
+// TableOption names the tables idem works on. Every call that reads or
+// writes them takes it and uses the names of the tables it touches, so one
+// set of TableOptions serves every call of an application.
+type TableOption interface {
+	KeyOption
+	tableOption()
+}
+
+// The concrete option kinds: each implements its interface and those above.
+type (
+	doOpt    func(*config)
+	txOpt    func(*config)
+	keyOpt   func(*config)
+	tableOpt func(*config)
+)
+
+func (o doOpt) apply(c *config)    { o(c) }
+func (o txOpt) apply(c *config)    { o(c) }
+func (o keyOpt) apply(c *config)   { o(c) }
+func (o tableOpt) apply(c *config) { o(c) }
+
+func (doOpt) doOption()    {}
+func (txOpt) doOption()    {}
+func (keyOpt) doOption()   {}
+func (tableOpt) doOption() {}
+
+func (txOpt) txOption()    {}
+func (keyOpt) txOption()   {}
+func (tableOpt) txOption() {}
+
+func (keyOpt) keyOption()   {}
+func (tableOpt) keyOption() {}
+
+func (tableOpt) tableOption() {}
+
+// config is what a call's options set.
 type config struct {
 	ttl    time.Duration
 	noWait bool
@@ -33,24 +99,65 @@ type config struct {
 	maxResult     int           // the largest encoded result recorded, in bytes
 	holdTimeout   time.Duration // 0: no bound of idem's own (WithHoldTimeout)
 	hooks         Hooks         // nil: no events
-	// op names the entry point in events ("" for the function's own
-	// name); Do sets it for the WithIdempotency it runs.
+	// op names the entry point in events: "WithIdempotency", "Do", "Claim".
 	op  string
 	err error
+}
+
+func newConfig[O DoOption](opts []O) (config, error) {
+	c := config{ttl: DefaultTTL, q: defaultQueries, inbox: defaultInboxQueries, maxResult: DefaultMaxResultSize}
+	for _, o := range opts {
+		if any(o) != nil {
+			o.apply(&c)
+		}
+	}
+	c.retry = c.retry.withDefaults()
+	return c, c.err
+}
+
+// newCall checks the arguments of a call that claims a key, before any SQL:
+// the key (ErrInvalidKey), the rest of its arguments (complete, else
+// ErrInvalidOption saying what op needs), its options, and with
+// RequireIssued the token's shape. It returns the call's config.
+func newCall[O DoOption](op string, key Key, complete bool, needs string, opts []O) (config, error) {
+	if err := key.Validate(); err != nil {
+		return config{}, err
+	}
+	if !complete {
+		return config{}, fmt.Errorf("%w: %s needs %s", ErrInvalidOption, op, needs)
+	}
+	c, err := newConfig(opts)
+	if err != nil {
+		return c, err
+	}
+	if c.requireIssued {
+		if err := checkTokenShape(key); err != nil {
+			return c, err
+		}
+	}
+	c.op = op
+	return c, nil
+}
+
+// fail records the first invalid option; the call returns it before any SQL.
+func (c *config) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
 }
 
 // WithTTL sets how long the record of a first execution is kept and replayed;
 // after it the key is treated as unused and the next call runs fn again. It
 // defaults to DefaultTTL (24h). ttl must be positive; the expiry is computed
 // with the database clock.
-func WithTTL(ttl time.Duration) Option {
-	return func(c *config) {
+func WithTTL(ttl time.Duration) KeyOption {
+	return keyOpt(func(c *config) {
 		if ttl <= 0 {
 			c.fail("WithTTL(%v): the TTL must be positive", ttl)
 			return
 		}
 		c.ttl = ttl
-	}
+	})
 }
 
 // NoWait makes a call that finds the key held by a transaction that has not
@@ -59,29 +166,30 @@ func WithTTL(ttl time.Duration) Option {
 // result. The caller's transaction stays usable and its lock_timeout is left
 // as it was. Only the wait for the key's holder is bounded: a lock on the
 // whole record table (DDL, LOCK TABLE) is waited for under the caller's
-// lock_timeout. By default the call waits.
+// lock_timeout. By default the call waits. (Claim never waits.)
 func NoWait() Option {
-	return func(c *config) { c.noWait = true }
+	return txOpt(func(c *config) { c.noWait = true })
 }
 
-// WithCodec sets how results are stored. By default values are JSON, and
-// []byte and json.RawMessage results are stored as they are. A nil codec
-// restores the default.
-func WithCodec(codec Codec) Option {
-	return func(c *config) { c.codec = codec }
+// WithCodec sets how results (and a lease's checkpoint data) are stored. By
+// default values are JSON, and []byte and json.RawMessage results are stored
+// as they are. A nil codec restores the default.
+func WithCodec(codec Codec) KeyOption {
+	return keyOpt(func(c *config) { c.codec = codec })
 }
 
 // WithMaxResultSize caps the size, in bytes, of what a record stores: fn's
 // encoded result (WithIdempotency, Do, Lease.Complete) and a lease's
 // checkpoint data. It defaults to DefaultMaxResultSize (1 MiB); 0 means the
-// default and a negative n is an ErrInvalidOption. A result over the cap is
-// not recorded: the call returns an error matching ErrResultTooLarge, fn's
-// writes and the claim are rolled back as for any error fn returns, and the
-// caller's transaction stays usable. The message of a Permanent error is
-// stored cut to at most n bytes (at a UTF-8 boundary); the caller of the
-// first execution still gets the whole error.
-func WithMaxResultSize(n int) Option {
-	return func(c *config) {
+// default and a negative n is an ErrInvalidOption.
+//
+// A result over the cap is not recorded: the call returns an error matching
+// ErrResultTooLarge, fn's writes and the claim are rolled back as for any
+// error fn returns, and the caller's transaction stays usable. The message
+// of a Permanent error is stored cut to at most n bytes (at a UTF-8
+// boundary); the caller of the first execution still gets the whole error.
+func WithMaxResultSize(n int) KeyOption {
+	return keyOpt(func(c *config) {
 		switch {
 		case n < 0:
 			c.fail("WithMaxResultSize(%d): the size must not be negative", n)
@@ -90,108 +198,50 @@ func WithMaxResultSize(n int) Option {
 		default:
 			c.maxResult = n
 		}
-	}
+	})
 }
 
 // WithTable names the record table. It defaults to DefaultTable
-// ("idempotent_record") in the connection's search_path. schema may be empty.
-// Names must be plain identifiers (letters, digits and underscores, not
-// starting with a digit; table at most 48 bytes, schema at most 63) and are
-// always quoted in SQL. migrations.Up creates the table under the same names.
-func WithTable(schema, table string) Option {
+// ("idempotent_record") in the connection's search_path; schema may be
+// empty. Names must be plain identifiers (letters, digits and underscores,
+// not starting with a digit; table at most 48 bytes, schema at most 63),
+// else the call fails with ErrInvalidOption before any SQL. They are always
+// quoted in SQL. migrations.Up creates the table under the same names.
+func WithTable(schema, table string) TableOption {
 	// Validate and build the statements once, not on every call.
-	if err := ValidateTableName(schema, table); err != nil {
+	if err := ident.ValidateTable(schema, table); err != nil {
 		return errOption(err)
 	}
-	q := queriesFor(tableIdent(schema, table))
-	return func(c *config) { c.q = q }
+	q := queriesFor(ident.Qualified(schema, table))
+	return tableOpt(func(c *config) { c.q = q })
+}
+
+// WithInboxTable names the consume-once table (ConsumeOnce, and Purge's
+// InboxRetention). It defaults to DefaultInboxTable ("idem_inbox") in the
+// search_path; names follow WithTable's rules.
+func WithInboxTable(schema, table string) TableOption {
+	if err := ident.ValidateTable(schema, table); err != nil {
+		return errOption(err)
+	}
+	q := buildInboxQueries(ident.Qualified(schema, table))
+	return tableOpt(func(c *config) { c.inbox = q })
+}
+
+// errOption is a TableOption that only reports err, for an option whose
+// arguments were rejected when it was made.
+func errOption(err error) TableOption {
+	return tableOpt(func(c *config) {
+		if c.err == nil {
+			c.err = fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		}
+	})
 }
 
 // WithTxOptions sets the options of the transaction Do begins (isolation
 // level, access mode). It defaults to the zero pgx.TxOptions: the server's
-// default isolation, usually READ COMMITTED. WithIdempotency ignores it.
-func WithTxOptions(opts pgx.TxOptions) Option {
-	return func(c *config) { c.txOptions = opts }
+// default isolation, usually READ COMMITTED.
+func WithTxOptions(opts pgx.TxOptions) DoOption {
+	return doOpt(func(c *config) { c.txOptions = opts })
 }
 
-// WithRetry sets how Do retries serialization failures and deadlocks.
-func WithRetry(p RetryPolicy) Option {
-	return func(c *config) {
-		if p.MaxAttempts < 0 || p.BaseDelay < 0 || p.MaxDelay < 0 {
-			c.fail("WithRetry(%+v): values must not be negative", p)
-			return
-		}
-		c.retry = p
-	}
-}
-
-// RetryPolicy bounds Do's retries of serialization failures (40001) and
-// deadlocks (40P01). Retry n (from 1) sleeps a random duration between zero
-// and min(MaxDelay, BaseDelay * 2^n) (full jitter).
-type RetryPolicy struct {
-	// MaxAttempts is the total number of transaction attempts. It defaults
-	// to 10; 1 disables retries.
-	MaxAttempts int
-	// BaseDelay scales the backoff: retry n waits up to BaseDelay * 2^n. It
-	// defaults to 2ms.
-	BaseDelay time.Duration
-	// MaxDelay caps the backoff. It defaults to 250ms.
-	MaxDelay time.Duration
-}
-
-func (p RetryPolicy) withDefaults() RetryPolicy {
-	if p.MaxAttempts == 0 {
-		p.MaxAttempts = 10
-	}
-	if p.BaseDelay == 0 {
-		p.BaseDelay = 2 * time.Millisecond
-	}
-	if p.MaxDelay == 0 {
-		p.MaxDelay = 250 * time.Millisecond
-	}
-	return p
-}
-
-// errOption is an Option that only reports err, for an option whose
-// arguments were rejected when it was made.
-func errOption(err error) Option {
-	return func(c *config) {
-		if c.err == nil {
-			c.err = err
-		}
-	}
-}
-
-func (c *config) fail(format string, args ...any) {
-	if c.err == nil {
-		c.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
-	}
-}
-
-func newConfig(opts []Option) (config, error) {
-	c := config{ttl: DefaultTTL, q: defaultQueries, inbox: defaultInboxQueries, maxResult: DefaultMaxResultSize}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	c.retry = c.retry.withDefaults()
-	return c, c.err
-}
-
-var defaultQueries = queriesFor(tableIdent("", DefaultTable))
-
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// ValidateTableName reports whether schema and table are acceptable names for
-// the record table (see WithTable). schema may be empty. The error matches
-// ErrInvalidOption.
-func ValidateTableName(schema, table string) error {
-	if !identRE.MatchString(table) || len(table) > 48 {
-		return fmt.Errorf("%w: table name %q: want letters, digits and underscores, at most 48 bytes", ErrInvalidOption, table)
-	}
-	if schema != "" && (!identRE.MatchString(schema) || len(schema) > 63) {
-		return fmt.Errorf("%w: schema name %q: want letters, digits and underscores, at most 63 bytes", ErrInvalidOption, schema)
-	}
-	return nil
-}
+var defaultQueries = queriesFor(ident.Qualified("", DefaultTable))

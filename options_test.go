@@ -5,13 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
 func TestNewConfigDefaults(t *testing.T) {
 	t.Parallel()
 
-	cfg, err := newConfig(nil)
+	cfg, err := newConfig([]Option(nil))
 	require.NoError(t, err)
 	require.Equal(t, DefaultTTL, cfg.ttl)
 	require.Equal(t, DefaultMaxResultSize, cfg.maxResult)
@@ -27,7 +28,7 @@ func TestNewConfigDefaults(t *testing.T) {
 func TestNewConfigAppliesOptions(t *testing.T) {
 	t.Parallel()
 
-	cfg, err := newConfig([]Option{
+	cfg, err := newConfig([]DoOption{
 		WithTTL(time.Minute),
 		NoWait(),
 		RequireIssued(),
@@ -61,7 +62,7 @@ func TestNewConfigRejectsBadOptions(t *testing.T) {
 
 	tests := []struct {
 		name string
-		opt  Option
+		opt  DoOption
 		msg  string
 	}{
 		{"zero TTL", WithTTL(0), "WithTTL(0s)"},
@@ -76,7 +77,7 @@ func TestNewConfigRejectsBadOptions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := newConfig([]Option{tt.opt})
+			_, err := newConfig([]DoOption{tt.opt})
 			require.ErrorIs(t, err, ErrInvalidOption)
 			require.ErrorContains(t, err, tt.msg)
 		})
@@ -94,43 +95,58 @@ func TestNewConfigReportsTheFirstBadOption(t *testing.T) {
 	require.NotContains(t, err.Error(), "WithTTL")
 }
 
-func TestValidateTableNameLimits(t *testing.T) {
+func TestTableNameLimits(t *testing.T) {
 	t.Parallel()
 
-	require.NoError(t, ValidateTableName(strings.Repeat("s", 63), strings.Repeat("t", 48)))
-	require.NoError(t, ValidateTableName("", "T_1"))
-	require.ErrorIs(t, ValidateTableName(strings.Repeat("s", 64), "t"), ErrInvalidOption)
-	require.ErrorIs(t, ValidateTableName("", strings.Repeat("t", 49)), ErrInvalidOption)
+	valid := func(schema, table string) error {
+		_, err := newConfig([]TableOption{WithTable(schema, table), WithInboxTable(schema, table)})
+		return err
+	}
+	require.NoError(t, valid(strings.Repeat("s", 63), strings.Repeat("t", 48)))
+	require.NoError(t, valid("", "T_1"))
+	require.ErrorIs(t, valid(strings.Repeat("s", 64), "t"), ErrInvalidOption)
+	require.ErrorIs(t, valid("", strings.Repeat("t", 49)), ErrInvalidOption)
 	for _, bad := range []string{"", "1t", "t t", "t;", "été", "t\x00", `"t"`, "public.t"} {
-		require.ErrorIs(t, ValidateTableName("", bad), ErrInvalidOption, "table %q", bad)
+		require.ErrorIs(t, valid("", bad), ErrInvalidOption, "table %q", bad)
 		if bad != "" { // an empty schema means the search_path
-			require.ErrorIs(t, ValidateTableName(bad, "t"), ErrInvalidOption, "schema %q", bad)
+			require.ErrorIs(t, valid(bad, "t"), ErrInvalidOption, "schema %q", bad)
 		}
 	}
 }
 
-func TestTableIdentQuotes(t *testing.T) {
+// Each option is of the narrowest kind that holds every call it applies
+// to, so that passing it to any other call does not compile.
+func TestOptionKinds(t *testing.T) {
 	t.Parallel()
 
-	require.Equal(t, `"idempotent_record"`, tableIdent("", DefaultTable))
-	require.Equal(t, `"App"."Keys"`, tableIdent("App", "Keys"))
-}
-
-// Retry n waits at most min(MaxDelay, BaseDelay * 2^n).
-func TestBackoffGrowsToMaxDelay(t *testing.T) {
-	t.Parallel()
-
-	p := RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 50 * time.Millisecond}
-	for retry := 1; retry < 12; retry++ {
-		bound := min(p.MaxDelay, p.BaseDelay<<retry)
-		var longest time.Duration
-		for range 200 {
-			d := backoff(p, retry)
-			require.GreaterOrEqual(t, d, time.Duration(0))
-			require.LessOrEqual(t, d, bound, "retry %d", retry)
-			longest = max(longest, d)
-		}
-		// Full jitter: 200 draws from [0, bound] reach its upper half.
-		require.Greater(t, longest, bound/2, "retry %d", retry)
+	type kinds struct{ do, tx, key, table bool }
+	kindOf := func(o DoOption) kinds {
+		_, tx := o.(Option)
+		_, key := o.(KeyOption)
+		_, table := o.(TableOption)
+		return kinds{do: true, tx: tx, key: key, table: table}
+	}
+	doOnly := kinds{do: true}
+	withIdem := kinds{do: true, tx: true}
+	claiming := kinds{do: true, tx: true, key: true}
+	every := kinds{do: true, tx: true, key: true, table: true}
+	for name, tc := range map[string]struct {
+		opt  DoOption
+		want kinds
+	}{
+		"WithTxOptions":     {WithTxOptions(pgx.TxOptions{}), doOnly},
+		"WithRetry":         {WithRetry(RetryPolicy{}), doOnly},
+		"NoWait":            {NoWait(), withIdem},
+		"WithHoldTimeout":   {WithHoldTimeout(time.Second), withIdem},
+		"WithTTL":           {WithTTL(time.Second), claiming},
+		"WithCodec":         {WithCodec(nil), claiming},
+		"WithMaxResultSize": {WithMaxResultSize(1), claiming},
+		"RequireIssued":     {RequireIssued(), claiming},
+		"WithHooks":         {WithHooks(nil), claiming},
+		"WithTable":         {WithTable("", "t"), every},
+		"WithInboxTable":    {WithInboxTable("", "t"), every},
+		"a rejected table":  {WithTable("", "1t"), every},
+	} {
+		require.Equal(t, tc.want, kindOf(tc.opt), name)
 	}
 }

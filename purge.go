@@ -8,11 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
-// PurgeOptions configures Purge. The zero value purges expired records in
+// PurgeParams configures Purge. The zero value purges expired records in
 // batches of 10,000 and leaves the inbox alone.
-type PurgeOptions struct {
+type PurgeParams struct {
 	// BatchSize is the number of rows one DELETE removes; each batch is its
 	// own statement, so its row locks are held for tens of milliseconds. It
 	// defaults to 10,000 (measured faster, and kinder to concurrent claims,
@@ -21,7 +24,10 @@ type PurgeOptions struct {
 	// claims' p99 rose less).
 	BatchSize int
 	// InboxRetention, when positive, also purges inbox rows consumed longer
-	// ago than that (see PurgeInbox). Zero leaves the inbox alone.
+	// ago than that, in the same batches, skipping rows another transaction
+	// holds. A message redelivered after its row was purged is processed
+	// again, so it must exceed the broker's longest redelivery delay. Zero
+	// leaves the inbox alone.
 	InboxRetention time.Duration
 	// OnBatch, when set, is called after each batch of records with the
 	// number of rows it deleted (a progress report); it must not block.
@@ -33,6 +39,12 @@ type PurgeOptions struct {
 	// itself still runs at full speed. Zero purges as fast as the database
 	// allows.
 	RowsPerSecond int
+	// Retry bounds how a batch that fails with a serialization failure or
+	// a deadlock is redone. The zero value means RetryPolicy's defaults.
+	Retry RetryPolicy
+	// Hooks, when set, receive an EventPurged event after a Purge that
+	// deleted rows.
+	Hooks Hooks
 }
 
 // pacer spreads a purge's batches to at most rate rows per second on
@@ -51,7 +63,7 @@ func (p *pacer) wait(ctx context.Context, n int64) error {
 	}
 	due := p.start.Add(time.Duration(float64(p.deleted) / float64(p.rate) * float64(time.Second)))
 	if d := time.Until(due); d > 0 {
-		return sleep(ctx, d)
+		return backoff.Sleep(ctx, d)
 	}
 	return nil
 }
@@ -67,13 +79,18 @@ func (p *pacer) wait(ctx context.Context, n int64) error {
 // for a claim, and a claim that races it claims the key again and never sees
 // an empty result. Each batch runs at READ COMMITTED whatever the default
 // isolation, so concurrent takeovers do not fail it with 40001; a batch that
-// still fails with 40001 or 40P01 (a deadlock) is redone, with WithRetry's
+// still fails with 40001 or 40P01 (a deadlock) is redone, with po.Retry's
 // attempts and backoff. db is normally a pool; inside a pgx.Tx every batch
 // skips held rows and keeps the transaction's isolation. WithTable and
 // WithInboxTable name the tables.
-func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64, error) {
-	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 {
-		return 0, fmt.Errorf("%w: Purge needs a database and non-negative options", ErrInvalidOption)
+//
+// Purge returns an error matching ErrInvalidOption, before any SQL, for a
+// nil db or a negative value in po. It returns what it deleted so far with
+// ctx's error when ctx ends, and with a batch's error when one fails for
+// good.
+func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (int64, error) {
+	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 || !po.Retry.valid() {
+		return 0, fmt.Errorf("%w: Purge needs a database and non-negative parameters", ErrInvalidOption)
 	}
 	if po.BatchSize == 0 {
 		po.BatchSize = 10_000
@@ -85,13 +102,14 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 	if err != nil {
 		return 0, err
 	}
+	retry := po.Retry.withDefaults()
 	_, inTx := db.(pgx.Tx)
 	start := time.Now()
 	pace := &pacer{rate: po.RowsPerSecond, start: start}
 	var total int64
 	defer func() {
-		if cfg.hooks != nil && total > 0 {
-			cfg.hooks.Event(ctx, Event{Kind: EventPurged, Op: "Purge", Rows: total, Duration: time.Since(start)})
+		if po.Hooks != nil && total > 0 {
+			po.Hooks.Event(ctx, Event{Kind: EventPurged, Op: "Purge", Rows: total, Duration: time.Since(start)})
 		}
 	}()
 	for {
@@ -101,8 +119,8 @@ func Purge(ctx context.Context, db DBTX, po PurgeOptions, opts ...Option) (int64
 		n, err := purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
 		// A batch is its own transaction: one that fails with 40001 or
 		// 40P01 is simply done again.
-		for try := 1; err != nil && IsRetryable(err) && !inTx && try < cfg.retry.MaxAttempts; try++ {
-			if serr := sleep(ctx, backoff(cfg.retry, try)); serr != nil {
+		for try := 1; err != nil && IsRetryable(err) && !inTx && try < retry.MaxAttempts; try++ {
+			if serr := backoff.Sleep(ctx, retry.backoff(try)); serr != nil {
 				return total, serr
 			}
 			n, err = purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
@@ -156,7 +174,7 @@ func purgeBatch(ctx context.Context, db DBTX, q *queries, size int, inTx bool) (
 	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, purgeLockTimeout)
 	b.Queue(q.purge, size).Exec(count)
 	err := db.SendBatch(ctx, b).Close()
-	if err == nil || pgCode(err) != sqlstateLockNotAvailable {
+	if err == nil || pgerr.Code(err) != pgerr.LockNotAvailable {
 		return n, err
 	}
 	b = &pgx.Batch{}
@@ -177,11 +195,11 @@ type Purger struct {
 	// Interval between runs. It defaults to one minute; each wait is
 	// jittered by ±20% so that many instances do not purge in step.
 	Interval time.Duration
-	// Options are passed to Purge.
-	Options PurgeOptions
-	// TableOptions are passed to Purge: they name the tables (WithTable,
-	// WithInboxTable) and may set WithHooks for purged events.
-	TableOptions []Option
+	// Params are passed to Purge.
+	Params PurgeParams
+	// Tables are passed to Purge: they name the tables (WithTable,
+	// WithInboxTable).
+	Tables []TableOption
 	// OnPurge, if set, is called after each run with the rows deleted and
 	// the run's error (nil on success). Run keeps going after errors.
 	OnPurge func(deleted int64, err error)
@@ -198,7 +216,7 @@ func (p *Purger) Run(ctx context.Context) error {
 		interval = time.Minute
 	}
 	for {
-		n, err := Purge(ctx, p.DB, p.Options, p.TableOptions...)
+		n, err := Purge(ctx, p.DB, p.Params, p.Tables...)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -206,7 +224,7 @@ func (p *Purger) Run(ctx context.Context) error {
 			p.OnPurge(n, err)
 		}
 		wait := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
-		if err := sleep(ctx, wait); err != nil {
+		if err := backoff.Sleep(ctx, wait); err != nil {
 			return err
 		}
 	}

@@ -1,90 +1,13 @@
 package idem
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
-	"log/slog"
+	"bytes"
+	"errors"
 	"sync"
-	"unicode"
-	"unicode/utf8"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// MaxKeyLen is the longest Key.Scope or Key.ID accepted, in bytes.
-const MaxKeyLen = 255
-
-// Key names one logical operation.
-type Key struct {
-	// Scope is the owner of the key: a user, a tenant, an endpoint. Keys never
-	// match across scopes, so one caller's key can never replay another
-	// caller's result. It must be 1..255 bytes of printable UTF-8.
-	Scope string
-	// ID is the caller's idempotency key, 1..255 bytes of printable UTF-8
-	// (letters, marks, numbers, punctuation, symbols and spaces; no control or
-	// format characters).
-	ID string
-	// Fingerprint is an optional digest of the request (SHA-256 of the body,
-	// say). When the key was first used with another fingerprint the call
-	// fails with ErrKeyReused. nil and empty are the same fingerprint.
-	Fingerprint []byte
-}
-
-// LogValue makes log/slog print k without its Scope and ID in clear: each
-// is replaced by "sha256:" and the first 12 hex digits of its SHA-256, which
-// lets log lines about one key be matched without storing the key. The
-// digest is not a secret: a key of few possible values can be recovered from
-// it by trying them. fmt's verbs still print the fields as they are.
-func (k Key) LogValue() slog.Value {
-	return slog.GroupValue(
-		slog.String("scope", KeyDigest(k.Scope)),
-		slog.String("id", KeyDigest(k.ID)),
-	)
-}
-
-// KeyDigest is how logs and traces show a scope or a key ID without it:
-// "sha256:" and the first 12 hex digits of its SHA-256. Key.LogValue,
-// SlogHooks and the idemotel module all use it, so one key's log lines and
-// spans can be matched. The digest is not a secret: a key of few possible
-// values can be recovered from it by trying them.
-func KeyDigest(s string) string {
-	h := sha256.Sum256([]byte(s))
-	return "sha256:" + hex.EncodeToString(h[:6])
-}
-
-// Validate reports whether k is well formed. It returns an *InvalidKeyError
-// (matching ErrInvalidKey) or nil. WithIdempotency and Do call it before any
-// SQL.
-func (k Key) Validate() error {
-	if err := validatePart("Scope", k.Scope); err != nil {
-		return err
-	}
-	return validatePart("ID", k.ID)
-}
-
-func validatePart(field, s string) error {
-	switch {
-	case s == "":
-		return &InvalidKeyError{Field: field, Reason: "is empty"}
-	case len(s) > MaxKeyLen:
-		return &InvalidKeyError{Field: field, Reason: fmt.Sprintf("is %d bytes long; the limit is %d", len(s), MaxKeyLen)}
-	}
-	if !utf8.ValidString(s) {
-		return &InvalidKeyError{Field: field, Reason: "is not valid UTF-8"}
-	}
-	for i, r := range s {
-		switch {
-		case r == 0:
-			return &InvalidKeyError{Field: field, Reason: fmt.Sprintf("contains NUL (byte %d)", i)}
-		case unicode.IsControl(r):
-			return &InvalidKeyError{Field: field, Reason: fmt.Sprintf("contains control character %U (byte %d)", r, i)}
-		case !unicode.IsGraphic(r):
-			return &InvalidKeyError{Field: field, Reason: fmt.Sprintf("contains non-printable character %U (byte %d)", r, i)}
-		}
-	}
-	return nil
-}
 
 // Record statuses, as stored in the status column.
 const (
@@ -99,6 +22,31 @@ const (
 	// StatusIssued: a token IssueToken handed out, not used yet.
 	StatusIssued = "issued"
 )
+
+// Record is a record row as operators see it: what Lookup and Stuck return.
+type Record struct {
+	// Scope and ID name the key.
+	Scope, ID string
+	// Status is StatusProcessing, StatusSucceeded, StatusFailed or
+	// StatusIssued.
+	Status string
+	// Attempt is the fencing token of lease mode: 1 for the first holder,
+	// incremented by every takeover. Tokens not yet used have 0.
+	Attempt int32
+	// Fingerprint is the request digest the key was first used with (nil
+	// when none was given).
+	Fingerprint []byte
+	// Response is the encoded result (or, for StatusFailed, the recorded
+	// error message; for a lease still processing, its checkpoint data).
+	Response []byte
+	// LockedUntil is the end of a lease-mode record's lease, or nil.
+	LockedUntil *time.Time
+	// RecoveryPoint is the last checkpoint of a lease, or "".
+	RecoveryPoint string
+	// CreatedAt, UpdatedAt and ExpiresAt are by the database clock. After
+	// ExpiresAt the key counts as unused and Purge may delete the record.
+	CreatedAt, UpdatedAt, ExpiresAt time.Time
+}
 
 // DefaultTable is the record table's name unless WithTable says otherwise.
 const DefaultTable = "idempotent_record"
@@ -123,12 +71,8 @@ type queries struct {
 	// purge deletes a batch of expired records (never a lease record still
 	// processing); purgeSkipLocked also skips rows other transactions hold.
 	purge, purgeSkipLocked string
-	// read returns the record of a key. leaseRead is the same statement
-	// under a text of its own, for Claim's pgx.Batch: read is prepared on
-	// connections under its text as name, and a pgx.Batch on a pool, whose
-	// connection idem cannot reach afterwards, would pick it up and could
-	// not recover it after a DISCARD ALL (see forgetStale).
-	read, leaseRead string
+	// read returns the record of a key (recordColumns).
+	read string
 	// takeover re-claims an expired or orphaned record, waiting for a
 	// transaction that holds its row; takeoverNoWait skips such a row.
 	takeover       string
@@ -152,34 +96,34 @@ type queries struct {
 // turned those into spurious ErrInProgress answers for new keys.
 const noWaitLockTimeout = "50ms"
 
-// claimColumns name what the claim statements return (scanTargets(true)).
-const claimColumns = `claimed, attempt, status, fingerprint, response, expired, leased, lease_live`
-
 // noWait wraps a claim (an INSERT or UPDATE that reads its values from
-// idem_prev) into one statement that runs it under a transaction-local
-// lock_timeout of noWaitLockTimeout and then restores the caller's value, so
-// that no-wait mode costs no round trip of its own. The order is fixed by
-// data dependencies, not by the planner's choices: the claim reads idem_prev,
-// whose row is computed by the set_config that lowers the timeout; the
-// restoring set_config is computed for the one row of a join that must read
-// the claim's output first (a nested loop, the only join ON true allows, with
-// the claim on its inner side); and the statement's result is read from that
-// row alone, so no join order can skip the restore when the claim returns
-// nothing. If the claim fails (the timeout, or any error), the statement
-// fails and the transaction or savepoint that is rolled back undoes the
-// setting too. The timeout covers the wait for the key's holder; the table
-// lock the statement takes before it runs is waited for under the caller's
+// idem_prev and returns attempt) into one statement that runs it under a
+// transaction-local lock_timeout of noWaitLockTimeout and then puts the
+// caller's value back, so that no-wait mode costs no round trip of its own.
+// It returns one row: the claimed attempt (NULL when the claim claimed
+// nothing) and the restored setting.
+//
+// The order follows from data, not from the planner's choices. The claim
+// reads idem_prev, whose row is computed by the set_config that lowers the
+// timeout. The restoring set_config is in the projection of the one row of
+// an aggregate over the claim's output: an aggregate yields its row only
+// once it has read all of its input, so the claim has run by then, and an
+// aggregate without GROUP BY always yields exactly one row, so the restore
+// runs whether the claim returned a row or not. There is no join.
+//
+// If the claim fails (the timeout, or any error), the statement fails, and
+// the transaction or savepoint that is rolled back undoes the setting too.
+// The timeout covers the wait for the key's holder; the table lock the
+// statement takes before it runs is waited for under the caller's
 // lock_timeout.
 func noWait(claim string) string {
 	return `WITH idem_prev AS MATERIALIZED (
 	SELECT current_setting('lock_timeout') AS idem_lock_timeout,
 		set_config('lock_timeout', '` + noWaitLockTimeout + `', true) AS idem_claim_timeout),
-idem_claim (` + claimColumns + `) AS (
-` + claim + `),
-idem_restored AS MATERIALIZED (
-	SELECT set_config('lock_timeout', p.idem_lock_timeout, true) AS idem_timeout, c.*
-	FROM idem_prev p LEFT JOIN idem_claim c ON true)
-SELECT ` + claimColumns + ` FROM idem_restored WHERE claimed`
+idem_claim AS (
+` + claim + `)
+SELECT c.attempt, set_config('lock_timeout', (SELECT idem_lock_timeout FROM idem_prev), true)
+FROM (SELECT max(attempt) AS attempt FROM idem_claim) AS c`
 }
 
 // purgeable is the condition of a record Purge deletes, which CountExpired
@@ -244,7 +188,7 @@ func buildQueries(t string) *queries {
 	AND (expires_at <= clock_timestamp() OR status IN ('issued', 'processing')))`
 	// The claims, with the clause that makes the no-wait form read its
 	// values from idem_prev (see noWait).
-	const claimReturning = `RETURNING true, attempt, 'processing', NULL::bytea, NULL::bytea, false, false, false`
+	const claimReturning = `RETURNING attempt`
 	claim := func(from string) string {
 		return `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
 	SELECT $1::text, $2::text, $3::bytea, 'processing', 1, now(), now(), ` + ttlExpr + from + `
@@ -310,8 +254,7 @@ WHERE scope = $1 AND key = $2 AND status = 'issued' AND expires_at > clock_times
 	SELECT ctid FROM ` + t + ` WHERE ` + purgeable + `
 	LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 
-		read:      `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
-		leaseRead: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2 -- lease`,
+		read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 
 		takeover: `UPDATE ` + t + ` SET ` + takeoverSet + `
 WHERE scope = $1 AND key = $2 AND attempt = $5 AND ` + takeable + `
@@ -340,7 +283,7 @@ FROM done`,
 
 // record is a key's row as idem reads it.
 type record struct {
-	claimed     bool // this statement inserted it
+	claimed     bool // this call claimed it
 	attempt     int32
 	status      string
 	fingerprint []byte
@@ -350,12 +293,16 @@ type record struct {
 	leaseLive   bool // locked_until is in the future
 }
 
-func (r *record) scanTargets(withClaimed bool) []any {
-	t := []any{&r.attempt, &r.status, &r.fingerprint, &r.response, &r.expired, &r.leased, &r.leaseLive}
-	if withClaimed {
-		return append([]any{&r.claimed}, t...)
+// scan reads a row of recordColumns into r, and sets found when a row came.
+func (r *record) scan(found *bool) func(pgx.Row) error {
+	return func(row pgx.Row) error {
+		err := row.Scan(&r.attempt, &r.status, &r.fingerprint, &r.response, &r.expired, &r.leased, &r.leaseLive)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		*found = err == nil
+		return err
 	}
-	return t
 }
 
 // takeable reports whether an existing record may be claimed again: it
@@ -371,13 +318,5 @@ func (r *record) takeable() bool {
 // fingerprintMatches reports whether the record was made for the same
 // request. Tokens carry no fingerprint and expired records no longer count.
 func (r *record) fingerprintMatches(f []byte) bool {
-	return r.expired || r.status == StatusIssued || bytesEqual(r.fingerprint, f)
-}
-
-// tableIdent returns the sanitized, possibly schema-qualified table name.
-func tableIdent(schema, table string) string {
-	if schema == "" {
-		return pgx.Identifier{table}.Sanitize()
-	}
-	return pgx.Identifier{schema, table}.Sanitize()
+	return r.expired || r.status == StatusIssued || bytes.Equal(r.fingerprint, f)
 }

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/ident"
 )
 
 func TestKeyValidate(t *testing.T) {
@@ -66,10 +68,13 @@ func TestIsRetryable(t *testing.T) {
 }
 
 func TestOptionsAreValidated(t *testing.T) {
-	require.NoError(t, idem.ValidateTableName("", "idempotent_record"))
-	require.NoError(t, idem.ValidateTableName("app_1", "_keys"))
+	require.NoError(t, ident.ValidateTable("", "idempotent_record"))
+	require.NoError(t, ident.ValidateTable("app_1", "_keys"))
 	for _, bad := range [][2]string{{"", ""}, {"", "a-b"}, {"", `a"b`}, {"", "1a"}, {"x y", "t"}, {"", strings.Repeat("t", 49)}} {
-		require.ErrorIs(t, idem.ValidateTableName(bad[0], bad[1]), idem.ErrInvalidOption, "%q", bad)
+		require.Error(t, ident.ValidateTable(bad[0], bad[1]), "%q", bad)
+		// A call given the names refuses them before any SQL.
+		_, err := idem.Lookup(context.Background(), noSQL{t}, "s", "k", idem.WithTable(bad[0], bad[1]))
+		require.ErrorIs(t, err, idem.ErrInvalidOption, "%q", bad)
 	}
 }
 

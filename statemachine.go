@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/ident"
 )
 
 // StateMachineConfig describes a business table whose state column moves
@@ -113,14 +115,14 @@ func NewStateMachine(cfg StateMachineConfig) (*StateMachine, error) {
 	for _, n := range []struct{ what, name string }{
 		{"Table", cfg.Table}, {"IDColumn", cfg.IDColumn}, {"StateColumn", cfg.StateColumn},
 	} {
-		if !identRE.MatchString(n.name) || len(n.name) > 63 {
+		if !ident.Plain(n.name, 63) {
 			return bad("%s %q is not a plain identifier", n.what, n.name)
 		}
 	}
 	for _, n := range []struct{ what, name string }{
 		{"Schema", cfg.Schema}, {"VersionColumn", cfg.VersionColumn}, {"HistoryTable", cfg.HistoryTable},
 	} {
-		if n.name != "" && (!identRE.MatchString(n.name) || len(n.name) > 63) {
+		if n.name != "" && !ident.Plain(n.name, 63) {
 			return bad("%s %q is not a plain identifier", n.what, n.name)
 		}
 	}
@@ -213,7 +215,7 @@ type setColumn struct {
 // id, state or version column.
 func Set(column string, value any) TransitionOption {
 	return func(c *transitionCall) {
-		if !identRE.MatchString(column) || len(column) > 63 {
+		if !ident.Plain(column, 63) {
 			c.err = fmt.Errorf("%w: Set: %q is not a plain identifier", ErrInvalidOption, column)
 			return
 		}

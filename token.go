@@ -70,7 +70,7 @@ var (
 // encoded (56 bytes); use it as Key.ID with the same Scope. With
 // RequireIssued, WithIdempotency, Do and Claim accept only such tokens. ttl
 // must be positive; the expiry is computed with the database clock.
-func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, opts ...Option) (string, error) {
+func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, opts ...TableOption) (string, error) {
 	if err := validatePart("Scope", scope); err != nil {
 		return "", err
 	}
@@ -157,8 +157,8 @@ func checkTokenShape(key Key) error {
 // from a forged one; what makes a token valid is its issued record. Calls
 // without RequireIssued can create records under any key, so a scope whose
 // keys must all be issued should always be used with RequireIssued.
-func RequireIssued() Option {
-	return func(c *config) { c.requireIssued = true }
+func RequireIssued() KeyOption {
+	return keyOpt(func(c *config) { c.requireIssued = true })
 }
 
 // tokenError turns what a token claim found into an error, or nil when the

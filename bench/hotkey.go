@@ -46,7 +46,7 @@ func runHotKeySuite(ctx context.Context, shared *pgxpool.Pool, workers, rounds i
 		executions := 0
 		for r := range rounds {
 			key := idem.Key{Scope: "hot", ID: fmt.Sprintf("hot-%v-%d-%d", noWait, r, time.Now().UnixNano())}
-			opts := []idem.Option{tableOpt}
+			opts := []idem.DoOption{tableOpt}
 			if noWait {
 				opts = append(opts, idem.NoWait())
 			}

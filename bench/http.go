@@ -69,7 +69,7 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 	}))
 	mw, err := idemhttp.Middleware(pool, idemhttp.Config{
 		Scope:   func(*http.Request) (string, error) { return "bench", nil },
-		Options: []idem.Option{tableOpt},
+		Options: []idem.DoOption{tableOpt},
 	})
 	if err != nil {
 		return err
@@ -82,7 +82,7 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 	noHoldMW, err := idemhttp.Middleware(pool, idemhttp.Config{
 		Scope:       func(*http.Request) (string, error) { return "bench-nohold", nil },
 		HoldTimeout: -1,
-		Options:     []idem.Option{tableOpt},
+		Options:     []idem.DoOption{tableOpt},
 	})
 	if err != nil {
 		return err
@@ -93,7 +93,7 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 	waitMW, err := idemhttp.Middleware(pool, idemhttp.Config{
 		Scope:   func(*http.Request) (string, error) { return "bench-wait", nil },
 		Wait:    true,
-		Options: []idem.Option{tableOpt},
+		Options: []idem.DoOption{tableOpt},
 	})
 	if err != nil {
 		return err

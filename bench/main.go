@@ -11,11 +11,8 @@
 //	            sql-model        Do's five statements, pipelined as Do sends them, hand-written
 //	                             with pgx and no library logic: what the record costs the database
 //	            Do               idem.Do: BEGIN+claim pipelined, INSERT, completion+COMMIT pipelined
-//	            Do/end-only      idem.Do with BEGIN sent on its own (only the end pipelined)
-//	            Do/pgx.Batch     idem.Do with its statements sent through pgx.Batch, as on a
-//	                             connection with a tracer, instead of below it
+//	            Do, WithHoldTimeout  the same with a hold timeout
 //	            WithIdempotency  BEGIN; idem.WithIdempotency (claim, savepoint, INSERT, completion); COMMIT
-//	            WithIdempotency/pgx.Batch  the same through pgx.Batch
 //	floor       the record's SQL added to a bare transaction a piece at a time,
 //	            hand-written with pgx: +keyed insert (one more row, keyed like a
 //	            record), +claim (the claim alone), sql-model (claim and
@@ -71,7 +68,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/knobs"
 	"github.com/idemkit/idem/migrations"
 )
 
@@ -141,16 +137,7 @@ var coreVariants = []variant{
 		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt, idem.WithHoldTimeout(time.Minute))
 		return err
 	}},
-	{"Do/end-only", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
-		return err
-	}},
-	{"Do/pgx.Batch", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt)
-		return err
-	}},
 	{"WithIdempotency", withIdempotencyInsert},
-	{"WithIdempotency/pgx.Batch", withIdempotencyInsert},
 }
 
 func withIdempotencyInsert(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
@@ -189,10 +176,6 @@ var (
 )
 
 func measure(ctx context.Context, pool *pgxpool.Pool, v variant, workers int, d time.Duration) (sample, error) {
-	knobs.UnpipelinedBegin.Store(v.name == "Do/end-only")
-	defer knobs.UnpipelinedBegin.Store(false)
-	knobs.PgxBatch.Store(strings.HasSuffix(v.name, "/pgx.Batch"))
-	defer knobs.PgxBatch.Store(false)
 	stop := make(chan struct{})
 	t := time.AfterFunc(d, func() { close(stop) })
 	defer t.Stop()
@@ -236,7 +219,7 @@ func main() {
 	chartOut := flag.String("chart", "", "also draw the core suite's throughput against workers (duplicates 0) to this PNG file")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
 	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size (0: Purge's default)")
-	flag.IntVar(&purgeRate, "purge-rate", purgeRate, "the purge suite's PurgeOptions.RowsPerSecond (0: unpaced)")
+	flag.IntVar(&purgeRate, "purge-rate", purgeRate, "the purge suite's PurgeParams.RowsPerSecond (0: unpaced)")
 	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()

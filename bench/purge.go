@@ -21,11 +21,11 @@ import (
 // (-purge-rows).
 var purgeRows int64 = 1_000_000
 
-// purgeBatch is the purge suite's PurgeOptions.BatchSize (-purge-batch);
+// purgeBatch is the purge suite's PurgeParams.BatchSize (-purge-batch);
 // zero takes Purge's default. The report gives the size Purge used.
 var purgeBatch = 0
 
-// purgeRate is the purge suite's PurgeOptions.RowsPerSecond (-purge-rate);
+// purgeRate is the purge suite's PurgeParams.RowsPerSecond (-purge-rate);
 // zero purges as fast as it can.
 var purgeRate = 250_000
 
@@ -74,7 +74,7 @@ func runPurgeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds int,
 		wg.Go(func() {
 			defer close(stop)
 			started := time.Now()
-			po := idem.PurgeOptions{BatchSize: purgeBatch, RowsPerSecond: purgeRate, OnBatch: func(n int64) {
+			po := idem.PurgeParams{BatchSize: purgeBatch, RowsPerSecond: purgeRate, OnBatch: func(n int64) {
 				batch = max(batch, n) // the batch size Purge used: the first batch is full
 			}}
 			n, err := idem.Purge(ctx, pool, po, tableOpt)

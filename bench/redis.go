@@ -130,7 +130,6 @@ func recipe(ctx context.Context, pool *pgxpool.Pool, user int64, key string, los
 var redisVariants = []variant{
 	{"redis recipe", redisRecipe},
 	{"Do", signupDo},
-	{"Do/pgx.Batch", signupDo},
 	{"bare transaction", func(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {

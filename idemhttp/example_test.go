@@ -76,7 +76,7 @@ func ExampleMiddleware() {
 
 	mw, err := idemhttp.Middleware(pool, idemhttp.Config{
 		Scope:   func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }, // the authenticated user
-		Options: []idem.Option{idem.WithTable(schema, idem.DefaultTable)},
+		Options: []idem.DoOption{idem.WithTable(schema, idem.DefaultTable)},
 	})
 	if err != nil {
 		panic(err)

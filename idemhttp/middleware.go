@@ -71,6 +71,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // Config configures Middleware. Only Scope is required.
@@ -130,7 +131,7 @@ type Config struct {
 	// idem.RequireIssued, ...). Responses are stored in a compact binary
 	// form of their own; a WithCodec here must handle the unexported
 	// response type and is best left out.
-	Options []idem.Option
+	Options []idem.DoOption
 }
 
 // DefaultHoldTimeout is Config.HoldTimeout's default: longer than any web
@@ -178,7 +179,7 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 	if cfg.HoldTimeout == 0 {
 		cfg.HoldTimeout = DefaultHoldTimeout
 	}
-	opts := []idem.Option{idem.WithCodec(responseCodec{}), idem.WithMaxResultSize(int(recordCap))}
+	opts := []idem.DoOption{idem.WithCodec(responseCodec{}), idem.WithMaxResultSize(int(recordCap))}
 	if cfg.HoldTimeout > 0 {
 		opts = append(opts, idem.WithHoldTimeout(cfg.HoldTimeout))
 	}
@@ -230,7 +231,7 @@ func Tx(ctx context.Context) pgx.Tx {
 type middleware struct {
 	db   idem.TxBeginner
 	cfg  Config
-	opts []idem.Option
+	opts []idem.DoOption
 	next http.Handler
 }
 
@@ -254,19 +255,6 @@ var errTooLarge = errors.New("idemhttp: the response exceeds the recording limit
 // errHandlerTxFailed: the handler answered while its transaction was
 // aborted by a failed statement.
 var errHandlerTxFailed = errors.New("idemhttp: the handler's transaction failed")
-
-// sqlstateInFailedTx is what a statement in an aborted transaction gets.
-const sqlstateInFailedTx = "25P02"
-
-// sqlState returns the SQLSTATE of a database error from any driver whose
-// errors have a SQLState method (pgx's *pgconn.PgError, lib/pq's), or "".
-func sqlState(err error) string {
-	var e interface{ SQLState() string }
-	if errors.As(err, &e) {
-		return e.SQLState()
-	}
-	return ""
-}
 
 // txFailed reports whether tx's connection says its transaction failed (a
 // statement errored). Transactions without a Conn report false.
@@ -349,7 +337,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return resp, nil
 	}, m.opts...)
-	if last != nil && (errors.Is(err, errHandlerTxFailed) || sqlState(err) == sqlstateInFailedTx) {
+	if last != nil && (errors.Is(err, errHandlerTxFailed) || pgerr.Code(err) == pgerr.InFailedTx) {
 		resp := last.response(nil)
 		if resp.Status >= 400 {
 			// The handler rejected the request after a failed statement

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/backoff"
 )
 
 // What Transport retries: connection errors, timeouts, and 409, 429, 502,
@@ -57,7 +59,7 @@ func TestTransportBackoff(t *testing.T) {
 			bound = base << attempt
 		}
 		for range 50 {
-			d := backoff(base, maxDelay, attempt)
+			d := backoff.Full(base, maxDelay, attempt)
 			require.GreaterOrEqual(t, d, time.Duration(0))
 			require.LessOrEqual(t, d, bound, "attempt %d", attempt)
 		}

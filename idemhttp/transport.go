@@ -8,12 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idem/internal/backoff"
 )
 
 // Transport is an http.RoundTripper that makes requests safe to retry: it
@@ -132,7 +133,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			(req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
 			return resp, err
 		}
-		wait := backoff(baseDelay, maxDelay, attempt)
+		wait := backoff.Full(baseDelay, maxDelay, attempt)
 		if resp != nil {
 			if ra := retryAfter(resp.Header.Get("Retry-After")); ra > wait {
 				wait = ra
@@ -264,14 +265,6 @@ func retryable(resp *http.Response, err error) bool {
 func isConnError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op)
-}
-
-func backoff(base, maxDelay time.Duration, attempt int) time.Duration {
-	d := base << min(attempt, 30)
-	if d <= 0 || d > maxDelay {
-		d = maxDelay
-	}
-	return rand.N(d + 1)
 }
 
 // retryAfter parses Retry-After as seconds or an HTTP date.

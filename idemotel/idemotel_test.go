@@ -136,7 +136,7 @@ func TestThroughIdem(t *testing.T) {
 	})
 
 	tel := newTelemetry(t)
-	opts := []idem.Option{idem.WithTable(schema, idem.DefaultTable), idem.WithHooks(tel.hooks)}
+	opts := []idem.DoOption{idem.WithTable(schema, idem.DefaultTable), idem.WithHooks(tel.hooks)}
 	key := idem.Key{Scope: "s", ID: "order-1", Fingerprint: []byte("a")}
 	fn := func(context.Context, pgx.Tx) (int, error) { return 7, nil }
 	for range 3 {

@@ -4,7 +4,7 @@
 // ("pgx") and lib/pq ("postgres").
 //
 // Wrap turns a *sql.DB into an idem.TxBeginner and idem.DBTX, so Do, Claim,
-// the lease calls, Transition and PurgeInbox take it as they take a
+// the lease calls, Transition and Purge take it as they take a
 // *pgxpool.Pool. WrapTx turns a *sql.Tx the caller began into a pgx.Tx for
 // WithIdempotency, ConsumeOnce and InsertOrGetTx; the caller still commits
 // it. Inside fn, SQLTx reaches the *sql.Tx again, through the guard idem puts

@@ -89,9 +89,8 @@ func (c *fakeConn) QueryContext(_ context.Context, query string, _ []driver.Name
 		return nil, err
 	}
 	if strings.Contains(query, "ON CONFLICT (scope, key) DO NOTHING") {
-		// The claim: inserted, a first execution.
-		return &fakeRows{cols: []string{"claimed", "attempt", "status", "fingerprint", "response", "expired", "leased", "live"},
-			rows: [][]driver.Value{{true, int64(1), "processing", nil, nil, false, false, false}}}, nil
+		// The claim: inserted, a first execution at attempt 1.
+		return &fakeRows{cols: []string{"attempt"}, rows: [][]driver.Value{{int64(1)}}}, nil
 	}
 	return &fakeRows{cols: []string{"v"}, rows: [][]driver.Value{{int64(1)}}}, nil
 }

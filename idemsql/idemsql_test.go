@@ -20,7 +20,7 @@ import (
 
 var key = idem.Key{Scope: "unit", ID: "k-1"}
 
-func noRetry() idem.Option {
+func noRetry() idem.DoOption {
 	return idem.WithRetry(idem.RetryPolicy{MaxAttempts: 2, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond})
 }
 

@@ -41,6 +41,26 @@ func newKey(t *testing.T) idem.Key {
 	return idem.Key{Scope: "user-1", ID: t.Name()}
 }
 
+// doOpts returns opts, of any option kind, followed by more, as the
+// DoOptions Do takes: a test builds its options once for WithIdempotency
+// (or Claim) and Do.
+func doOpts[O idem.DoOption](opts []O, more ...idem.DoOption) []idem.DoOption {
+	out := make([]idem.DoOption, 0, len(opts)+len(more))
+	for _, o := range opts {
+		out = append(out, o)
+	}
+	return append(out, more...)
+}
+
+// txOpts is doOpts for WithIdempotency.
+func txOpts[O idem.Option](opts []O, more ...idem.Option) []idem.Option {
+	out := make([]idem.Option, 0, len(opts)+len(more))
+	for _, o := range opts {
+		out = append(out, o)
+	}
+	return append(out, more...)
+}
+
 // inTx runs f in a transaction of the given isolation level and commits.
 func inTx(t *testing.T, pool *pgxpool.Pool, iso pgx.TxIsoLevel, f func(tx pgx.Tx) error) error {
 	t.Helper()
@@ -158,10 +178,13 @@ func TestConcurrentSameKey(t *testing.T) {
 			s := pgtest.NewSchema(t, pool)
 			c := &counter{s: s}
 			key := newKey(t)
-			opts := []idem.Option{s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: tc.iso})}
+			opts := []idem.Option{s.Opt}
 			if tc.noWait {
 				opts = append(opts, idem.NoWait())
 			}
+			// The Do callers run at tc.iso through WithTxOptions; the
+			// WithIdempotency callers' transactions are begun at it.
+			doOptions := doOpts(opts, idem.WithTxOptions(pgx.TxOptions{IsoLevel: tc.iso}))
 			// The level the callers' transactions run at: tc.iso, or the
 			// database's default (the isolation matrix of .ci/run).
 			iso := effectiveIsolation(t, pool, tc.iso)
@@ -195,7 +218,7 @@ func TestConcurrentSameKey(t *testing.T) {
 						})
 						retries.Add(int64(n))
 					} else {
-						res, err = idem.Do(ctx, pool, key, c.fn(key), opts...)
+						res, err = idem.Do(ctx, pool, key, c.fn(key), doOptions...)
 					}
 					mu.Lock()
 					defer mu.Unlock()
@@ -497,11 +520,13 @@ func TestCallerTxHygieneOnEveryPath(t *testing.T) {
 				opts := []idem.Option{s.Opt}
 				if noWait {
 					opts = append(opts, idem.NoWait())
-					// Another join order for the planner to consider: the
-					// no-wait claim must restore lock_timeout whatever it
-					// picks (geqo_threshold = 2 once made it skip the
-					// restore for a key that was not claimed).
-					_, err = tx.Exec(ctx, "SET LOCAL geqo_threshold = 2")
+					// Other plans for the planner to consider: the no-wait
+					// claim must restore lock_timeout whatever it picks
+					// (geqo_threshold = 2 once made it skip the restore for
+					// a key that was not claimed, when the restore hung on
+					// a join).
+					_, err = tx.Exec(ctx, `SET LOCAL geqo_threshold = 2; SET LOCAL enable_nestloop = off;
+						SET LOCAL enable_hashagg = off; SET LOCAL enable_material = off; SET LOCAL jit = off`)
 					require.NoError(t, err)
 				}
 				require.NoError(t, call(tx, opts...))

@@ -262,13 +262,23 @@ func TestPurgeInboxByAge(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO `+inbox+` (consumer, message_id) SELECT 'c', 'new-' || g FROM generate_series(1, 10) g`)
 	require.NoError(t, err)
-	n, err := idem.PurgeInbox(ctx, pool, 7*24*time.Hour, 1000, s.InboxOpt)
+	// The schema holds no record, so every row Purge counts is an inbox row.
+	var records int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s.Records).Scan(&records))
+	require.Zero(t, records)
+	n, err := idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: 7 * 24 * time.Hour, BatchSize: 1000}, s.Opt, s.InboxOpt)
 	require.NoError(t, err)
 	require.EqualValues(t, 2500, n)
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+inbox).Scan(&left))
 	require.Equal(t, 10, left)
-	_, err = idem.PurgeInbox(ctx, pool, 0, 0, s.InboxOpt)
+	// A zero retention leaves the inbox alone; a negative one is refused.
+	n, err = idem.Purge(ctx, pool, idem.PurgeParams{}, s.Opt, s.InboxOpt)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+inbox).Scan(&left))
+	require.Equal(t, 10, left)
+	_, err = idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: -time.Hour}, s.Opt, s.InboxOpt)
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
 

@@ -70,15 +70,15 @@ func TestHoldTimeoutFreesAHungHolder(t *testing.T) {
 		want error
 	}{
 		{name: "Do", hold: func(key idem.Key, fn func(context.Context, pgx.Tx) (string, error), opts ...idem.Option) error {
-			_, err := idem.Do(ctx, pool, key, fn, opts...)
+			_, err := idem.Do(ctx, pool, key, fn, doOpts(opts)...)
 			return err
 		}},
 		{name: "Do/database-sql-stdlib", hold: func(key idem.Key, fn func(context.Context, pgx.Tx) (string, error), opts ...idem.Option) error {
-			_, err := idem.Do(ctx, stdlib, key, fn, opts...)
+			_, err := idem.Do(ctx, stdlib, key, fn, doOpts(opts)...)
 			return err
 		}},
 		{name: "Do/database-sql-libpq", hold: func(key idem.Key, fn func(context.Context, pgx.Tx) (string, error), opts ...idem.Option) error {
-			_, err := idem.Do(ctx, libpq, key, fn, opts...)
+			_, err := idem.Do(ctx, libpq, key, fn, doOpts(opts)...)
 			return err
 		}, want: driver.ErrBadConn},
 		{name: "WithIdempotency", hold: func(key idem.Key, fn func(context.Context, pgx.Tx) (string, error), opts ...idem.Option) error {
@@ -167,7 +167,7 @@ func TestHTTPHoldTimeout(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(value))
 	})
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{Wait: true, HoldTimeout: holdBound, Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Wait: true, HoldTimeout: holdBound, Options: []idem.DoOption{s.Opt}})
 
 	first := make(chan httpReply, 1)
 	go func() { first <- post(t, srv.URL, "user-1", "hung", "body") }()
@@ -218,7 +218,7 @@ func TestHTTPHoldTimeoutSettings(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusNoContent)
 		})
-		srv := newHTTPServer(t, pool, h, idemhttp.Config{HoldTimeout: tc.hold, Options: []idem.Option{s.Opt}})
+		srv := newHTTPServer(t, pool, h, idemhttp.Config{HoldTimeout: tc.hold, Options: []idem.DoOption{s.Opt}})
 		r := post(t, srv.URL, "user-1", fmt.Sprint("settings-", tc.hold), "")
 		require.Equal(t, http.StatusNoContent, r.status, r.body)
 		require.Equal(t, tc.want, got, "HoldTimeout %v", tc.hold)

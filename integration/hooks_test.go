@@ -63,18 +63,19 @@ func TestHooksReportEveryEvent(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	ctx := context.Background()
 	log := &eventLog{}
-	opts := []idem.Option{s.Opt, idem.WithHooks(log)}
+	opts := []idem.KeyOption{s.Opt, idem.WithHooks(log)}
+	do := doOpts(opts)
 	c := &counter{s: s}
 
 	// Do on a pool: executed, replayed, key reused.
 	key := idem.Key{Scope: "u", ID: "do", Fingerprint: []byte("a")}
-	_, err := idem.Do(ctx, pool, key, c.fn(key), opts...)
+	_, err := idem.Do(ctx, pool, key, c.fn(key), do...)
 	require.NoError(t, err)
-	_, err = idem.Do(ctx, pool, key, c.fn(key), opts...)
+	_, err = idem.Do(ctx, pool, key, c.fn(key), do...)
 	require.NoError(t, err)
 	other := key
 	other.Fingerprint = []byte("b")
-	_, err = idem.Do(ctx, pool, other, c.fn(other), opts...)
+	_, err = idem.Do(ctx, pool, other, c.fn(other), do...)
 	require.ErrorIs(t, err, idem.ErrKeyReused)
 	ev := log.last()
 	require.Equal(t, "do", ev.Key.ID)
@@ -85,9 +86,9 @@ func TestHooksReportEveryEvent(t *testing.T) {
 	// A Permanent error is an execution, then a replay.
 	pkey := idem.Key{Scope: "u", ID: "permanent"}
 	fail := func(context.Context, pgx.Tx) (string, error) { return "", idem.Permanent(fmt.Errorf("card declined")) }
-	_, err = idem.Do(ctx, pool, pkey, fail, opts...)
+	_, err = idem.Do(ctx, pool, pkey, fail, do...)
 	require.True(t, idem.IsPermanent(err))
-	_, err = idem.Do(ctx, pool, pkey, fail, opts...)
+	_, err = idem.Do(ctx, pool, pkey, fail, do...)
 	require.True(t, idem.IsPermanent(err))
 	require.Equal(t, []string{"executed/Do", "replayed/Do"}, log.take())
 
@@ -95,7 +96,7 @@ func TestHooksReportEveryEvent(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	tkey := idem.Key{Scope: "u", ID: "do-in-tx"}
-	_, err = idem.Do(ctx, tx, tkey, c.fn(tkey), opts...)
+	_, err = idem.Do(ctx, tx, tkey, c.fn(tkey), do...)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, []string{"executed/Do"}, log.take())
@@ -105,10 +106,10 @@ func TestHooksReportEveryEvent(t *testing.T) {
 	holder, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx) //nolint:errcheck
-	_, err = idem.WithIdempotency(ctx, holder, wkey, c.fn(wkey), opts...)
+	_, err = idem.WithIdempotency(ctx, holder, wkey, c.fn(wkey), txOpts(opts)...)
 	require.NoError(t, err)
 	require.NoError(t, inTx(t, pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
-		_, err := idem.WithIdempotency(ctx, tx, wkey, c.fn(wkey), append(opts, idem.NoWait())...)
+		_, err := idem.WithIdempotency(ctx, tx, wkey, c.fn(wkey), txOpts(opts, idem.NoWait())...)
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		return nil
 	}))
@@ -117,10 +118,10 @@ func TestHooksReportEveryEvent(t *testing.T) {
 
 	// An expired record is taken over, then executed.
 	ekey := idem.Key{Scope: "u", ID: "expiring"}
-	_, err = idem.Do(ctx, pool, ekey, c.fn(ekey), opts...)
+	_, err = idem.Do(ctx, pool, ekey, c.fn(ekey), do...)
 	require.NoError(t, err)
 	expireRecord(t, pool, s, ekey)
-	_, err = idem.Do(ctx, pool, ekey, c.fn(ekey), opts...)
+	_, err = idem.Do(ctx, pool, ekey, c.fn(ekey), do...)
 	require.NoError(t, err)
 	require.Equal(t, []string{"executed/Do", "takeover/Do", "executed/Do"}, log.take())
 
@@ -145,11 +146,11 @@ func TestHooksReportEveryEvent(t *testing.T) {
 	// Purge reports the rows it deleted.
 	_, err = pool.Exec(ctx, `UPDATE `+s.Records+` SET expires_at = now() - interval '1 second' WHERE status <> 'processing'`)
 	require.NoError(t, err)
-	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{}, opts...)
+	n, err := idem.Purge(ctx, pool, idem.PurgeParams{Hooks: log}, s.Opt)
 	require.NoError(t, err)
 	require.Positive(t, n)
 	require.Equal(t, []string{"purged/Purge"}, log.take())
-	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{}, opts...)
+	_, err = idem.Purge(ctx, pool, idem.PurgeParams{Hooks: log}, s.Opt)
 	require.NoError(t, err)
 	require.Empty(t, log.take(), "a purge that deleted nothing reports nothing")
 }

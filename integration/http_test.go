@@ -114,7 +114,7 @@ func TestHTTPConcurrentIdenticalPosts(t *testing.T) {
 			pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 30 })
 			s := pgtest.NewSchema(t, pool)
 			h := &signupServer{s: s}
-			srv := newHTTPServer(t, pool, h, idemhttp.Config{Wait: wait, Options: []idem.Option{s.Opt}})
+			srv := newHTTPServer(t, pool, h, idemhttp.Config{Wait: wait, Options: []idem.DoOption{s.Opt}})
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			replies := []httpReply{}
@@ -161,7 +161,7 @@ func TestHTTPErrorPaths(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
 	h := &signupServer{s: s}
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 
 	for name, r := range map[string]httpReply{
 		"missing":  post(t, srv.URL, "bob", "", "x"),
@@ -194,7 +194,7 @@ func TestHTTPErrorPaths(t *testing.T) {
 
 	// 409 while the first is in flight.
 	gated := &signupServer{s: s, gate: make(chan struct{})}
-	gsrv := newHTTPServer(t, pool, gated, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	gsrv := newHTTPServer(t, pool, gated, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 	done := make(chan httpReply)
 	go func() { done <- post(t, gsrv.URL, "bob", `"k-409"`, "k-409") }()
 	require.Eventually(t, func() bool { return gated.runs.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
@@ -210,7 +210,7 @@ func TestHTTP5xxIsNotRecorded(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	h := &signupServer{s: s}
 	h.fail.Store(1)
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 	key := idem.Key{Scope: "carol", ID: "k5"}
 	r := post(t, srv.URL, "carol", `"k5"`, "k5")
 	require.Equal(t, http.StatusServiceUnavailable, r.status)
@@ -231,7 +231,7 @@ func TestHTTPResponseOverTheCap(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
 	h := &signupServer{s: s, large: true}
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.DoOption{s.Opt}})
 	r := post(t, srv.URL, "dave", `"big"`, "big")
 	require.Equal(t, http.StatusInternalServerError, r.status)
 	require.Contains(t, r.body, "exceeds the 100 bytes")
@@ -244,7 +244,7 @@ func TestHTTPScopeIsolation(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
 	h := &signupServer{s: s}
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 	a := post(t, srv.URL, "erin", `"same"`, "same")
 	b := post(t, srv.URL, "frank", `"same"`, "same")
 	require.Equal(t, http.StatusCreated, a.status)
@@ -255,7 +255,7 @@ func TestHTTPScopeIsolation(t *testing.T) {
 	require.Equal(t, 1, s.CountEffects(t, pool, idem.Key{Scope: "frank", ID: "same"}))
 
 	// Optional mode lets key-less requests through without a transaction.
-	osrv := newHTTPServer(t, pool, h, idemhttp.Config{Optional: true, Options: []idem.Option{s.Opt}})
+	osrv := newHTTPServer(t, pool, h, idemhttp.Config{Optional: true, Options: []idem.DoOption{s.Opt}})
 	require.Equal(t, http.StatusNoContent, post(t, osrv.URL, "erin", "", "x").status)
 }
 
@@ -266,7 +266,7 @@ func TestHTTPTransportAgainstDroppedResponses(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
 	h := &signupServer{s: s}
-	cfg := idemhttp.Config{Options: []idem.Option{s.Opt}, Scope: func(r *http.Request) (string, error) { return "gina", nil }}
+	cfg := idemhttp.Config{Options: []idem.DoOption{s.Opt}, Scope: func(r *http.Request) (string, error) { return "gina", nil }}
 	mw, err := idemhttp.Middleware(pool, cfg)
 	require.NoError(t, err)
 	inner := mw(h)
@@ -329,7 +329,7 @@ func TestHTTPPanicRecordsNothing(t *testing.T) {
 		}
 		h.ServeHTTP(w, r)
 	})
-	srv := newHTTPServer(t, pool, handler, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, handler, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("p"))
 	require.NoError(t, err)
 	req.Header.Set("X-User", "hank")
@@ -371,7 +371,7 @@ func TestHTTPAnswerAfterAFailedStatement(t *testing.T) {
 	// connection; through a transaction without Conn (a database/sql
 	// adapter, say), the completion's SQLSTATE 25P02 tells it.
 	for name, db := range map[string]idem.TxBeginner{"pool": pool, "no Conn": noConnDB{pool}} {
-		srv := newHTTPServer(t, db, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+		srv := newHTTPServer(t, db, h, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 
 		status.Store(http.StatusUnprocessableEntity)
 		r := post(t, srv.URL, "gina", `"k-422-`+name+`"`, "k-422-"+name)
@@ -424,7 +424,7 @@ func TestHTTPReplayKeepsContentEncoding(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(gz.Bytes())
 	})
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{RecordHeaders: []string{"Content-Type"}, Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{RecordHeaders: []string{"Content-Type"}, Options: []idem.DoOption{s.Opt}})
 	// An explicit Accept-Encoding keeps net/http's client from decoding.
 	first := post(t, srv.URL, "hana", `"gz"`, "x", "Accept-Encoding", "gzip")
 	again := post(t, srv.URL, "hana", `"gz"`, "x", "Accept-Encoding", "gzip")
@@ -451,7 +451,7 @@ func TestHTTPUnrecordedResponseIsNotCapped(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = io.WriteString(w, page)
 	})
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.DoOption{s.Opt}})
 	r := post(t, srv.URL, "iris", `"k503"`, "x")
 	require.Equal(t, http.StatusServiceUnavailable, r.status)
 	require.Equal(t, "7", r.header.Get("Retry-After"))
@@ -478,7 +478,7 @@ func TestHTTPHandlerFlushesAndSetsDeadlines(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "part two")
 	})
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 	first := post(t, srv.URL, "jack", `"fl"`, "x")
 	again := post(t, srv.URL, "jack", `"fl"`, "x")
 	require.Equal(t, http.StatusCreated, first.status)
@@ -507,7 +507,7 @@ func TestHTTPHandlerCannotHijack(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, "created")
 	})
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.DoOption{s.Opt}})
 	first := post(t, srv.URL, "kim", `"hj"`, "x")
 	again := post(t, srv.URL, "kim", `"hj"`, "x")
 	require.Equal(t, http.StatusCreated, first.status)
@@ -527,7 +527,7 @@ func TestHTTPRejectionAfterAFailedStatementIsNotCapped(t *testing.T) {
 		w.WriteHeader(http.StatusUnprocessableEntity)
 		_, _ = io.WriteString(w, page)
 	})
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.Option{s.Opt}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{MaxResponseBody: 100, Options: []idem.DoOption{s.Opt}})
 	r := post(t, srv.URL, "lee", `"cap"`, "x")
 	require.Equal(t, http.StatusUnprocessableEntity, r.status)
 	require.Equal(t, page, r.body)

@@ -130,7 +130,7 @@ func TestIsolationLevelsDoRetriesConflicts(t *testing.T) {
 			})
 			s := pgtest.NewSchema(t, pool)
 			ctx := context.Background()
-			opts := []idem.Option{s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: iso})}
+			opts := []idem.DoOption{s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: iso})}
 
 			var runs atomic.Int64
 			fn := func(key idem.Key) func(context.Context, pgx.Tx) (string, error) {

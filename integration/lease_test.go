@@ -336,7 +336,7 @@ func TestOnlyTheDatabaseClockDecides(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = idem.Claim[charge](ctx, db, idem.Key{Scope: "shop", ID: token}, time.Minute, s.Opt, idem.RequireIssued())
 	require.NoError(t, err)
-	_, err = idem.Purge(ctx, db, idem.PurgeOptions{InboxRetention: time.Hour}, s.Opt, s.InboxOpt)
+	_, err = idem.Purge(ctx, db, idem.PurgeParams{InboxRetention: time.Hour}, s.Opt, s.InboxOpt)
 	require.NoError(t, err)
 }
 
@@ -358,7 +358,7 @@ func TestLeaseOutlivesTTL(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		return nil
 	}))
-	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{}, s.Opt)
+	n, err := idem.Purge(ctx, pool, idem.PurgeParams{}, s.Opt)
 	require.NoError(t, err)
 	require.Zero(t, n, "a lease record is not purged")
 	require.NoError(t, l.Extend(ctx, pool))
@@ -411,7 +411,7 @@ func TestPurgeKeepsAbandonedLeases(t *testing.T) {
 	// The holder stopped: its lease ran out, and the record's TTL.
 	endLease(t, pool, s, key)
 	expireRecord(t, pool, s, key)
-	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{}, s.Opt)
+	n, err := idem.Purge(ctx, pool, idem.PurgeParams{}, s.Opt)
 	require.NoError(t, err)
 	require.Zero(t, n)
 	l2, _, err := idem.Claim[charge](ctx, pool, key, time.Minute, s.Opt, ttl)

@@ -211,7 +211,7 @@ func TestLibraryLeavesNoSessionState(t *testing.T) {
 	// Do, on the pool and on a connection, first runs and replays, waiting
 	// and not.
 	for _, noWait := range []bool{false, true} {
-		opts := []idem.Option{s.Opt}
+		opts := []idem.DoOption{s.Opt}
 		if noWait {
 			opts = append(opts, idem.NoWait())
 		}
@@ -298,7 +298,7 @@ func TestLibraryLeavesNoSessionState(t *testing.T) {
 	// Purge sets lock_timeout in the implicit transaction of each batch.
 	_, err = lib.Exec(ctx, `UPDATE `+s.Records+` SET expires_at = now() - interval '1 hour' WHERE status <> 'processing'`)
 	require.NoError(t, err)
-	n, err := idem.Purge(ctx, lib, idem.PurgeOptions{InboxRetention: time.Nanosecond}, s.Opt, s.InboxOpt)
+	n, err := idem.Purge(ctx, lib, idem.PurgeParams{InboxRetention: time.Nanosecond}, s.Opt, s.InboxOpt)
 	require.NoError(t, err)
 	require.Positive(t, n)
 	check("Purge")

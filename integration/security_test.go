@@ -34,6 +34,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/integration/internal/pgtest"
+	"github.com/idemkit/idem/internal/ident"
 	"github.com/idemkit/idem/migrations"
 )
 
@@ -193,7 +194,7 @@ func TestSecurityHTTPScopeIsolationCraftedStrings(t *testing.T) {
 	pool := pgtest.Pool(t)
 	s := pgtest.NewSchema(t, pool)
 	h := &scopeServer{s: s}
-	mw, err := idemhttp.Middleware(pool, idemhttp.Config{Scope: scopeFromHeader, Options: []idem.Option{s.Opt}})
+	mw, err := idemhttp.Middleware(pool, idemhttp.Config{Scope: scopeFromHeader, Options: []idem.DoOption{s.Opt}})
 	require.NoError(t, err)
 	srv := httptest.NewServer(mw(h))
 	t.Cleanup(srv.Close)
@@ -444,13 +445,21 @@ func TestSecuritySQLInjectionThroughNames(t *testing.T) {
 	smOK := idem.StateMachineConfig{Schema: s.Name, Table: "orders", IDColumn: "id", StateColumn: "state",
 		States: []string{"NEW", "DONE"}, Transitions: map[string][]string{"NEW": {"DONE"}}}
 
+	// tableErr is what a call naming the table gets: an invalid name fails
+	// with ErrInvalidOption before any SQL.
+	tableErr := func(schema, table string) error {
+		_, err := idem.Lookup(ctx, pool, "t", "k", idem.WithTable(schema, table))
+		return err
+	}
 	for _, h := range hostileNames(canary) {
-		require.ErrorIs(t, idem.ValidateTableName("", h), idem.ErrInvalidOption, "%q", h)
-		require.ErrorIs(t, idem.ValidateTableName(s.Name, h), idem.ErrInvalidOption, "%q", h)
+		require.Error(t, ident.ValidateTable("", h), "%q", h)
+		require.ErrorIs(t, tableErr("", h), idem.ErrInvalidOption, "%q", h)
+		require.ErrorIs(t, tableErr(s.Name, h), idem.ErrInvalidOption, "%q", h)
 		if h != "" { // an empty schema means the search_path
-			require.ErrorIs(t, idem.ValidateTableName(h, "t"), idem.ErrInvalidOption, "%q", h)
+			require.Error(t, ident.ValidateTable(h, "t"), "%q", h)
+			require.ErrorIs(t, tableErr(h, "t"), idem.ErrInvalidOption, "%q", h)
 		}
-		opts := []idem.Option{idem.WithTable(s.Name, h), idem.WithInboxTable(s.Name, h)}
+		opts := []idem.TableOption{idem.WithTable(s.Name, h), idem.WithInboxTable(s.Name, h)}
 		if h != "" { // an empty schema is valid: the search_path
 			opts = append(opts, idem.WithTable(h, "t"), idem.WithInboxTable(h, "t"))
 		}
@@ -468,9 +477,9 @@ func TestSecuritySQLInjectionThroughNames(t *testing.T) {
 			require.ErrorIs(t, err, idem.ErrInvalidOption, "%q", h)
 			_, err = idem.IssueToken(ctx, pool, "t", time.Minute, opt)
 			require.ErrorIs(t, err, idem.ErrInvalidOption, "%q", h)
-			_, err = idem.Purge(ctx, pool, idem.PurgeOptions{}, opt)
+			_, err = idem.Purge(ctx, pool, idem.PurgeParams{}, opt)
 			require.ErrorIs(t, err, idem.ErrInvalidOption, "%q", h)
-			_, err = idem.PurgeInbox(ctx, pool, time.Hour, 0, opt)
+			_, err = idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: time.Hour}, opt)
 			require.ErrorIs(t, err, idem.ErrInvalidOption, "%q", h)
 		}
 
@@ -511,9 +520,13 @@ func TestSecuritySQLInjectionThroughNames(t *testing.T) {
 	require.Equal(t, before, relations(t, pool, s.Name), "no table was created or dropped")
 
 	// The limits: a 48-byte table and a 63-byte schema pass, one more fails.
-	require.NoError(t, idem.ValidateTableName(strings.Repeat("s", 63), strings.Repeat("t", 48)))
-	require.ErrorIs(t, idem.ValidateTableName("", strings.Repeat("t", 49)), idem.ErrInvalidOption)
-	require.ErrorIs(t, idem.ValidateTableName(strings.Repeat("s", 64), "t"), idem.ErrInvalidOption)
+	// The valid names reach the database, which has no such table.
+	require.NoError(t, ident.ValidateTable(strings.Repeat("s", 63), strings.Repeat("t", 48)))
+	err := tableErr(strings.Repeat("s", 63), strings.Repeat("t", 48))
+	require.Error(t, err)
+	require.NotErrorIs(t, err, idem.ErrInvalidOption)
+	require.ErrorIs(t, tableErr("", strings.Repeat("t", 49)), idem.ErrInvalidOption)
+	require.ErrorIs(t, tableErr(strings.Repeat("s", 64), "t"), idem.ErrInvalidOption)
 }
 
 // migrations.Files does not validate (its callers do), but it still quotes:
@@ -740,7 +753,7 @@ func TestSecurityHTTPRecordedResponseCap(t *testing.T) {
 		_, _ = w.Write(bytes.Repeat([]byte("b"), 1<<20))
 	})
 	mw, err := idemhttp.Middleware(pool, idemhttp.Config{Scope: func(*http.Request) (string, error) { return "ivan", nil },
-		Options: []idem.Option{s.Opt}})
+		Options: []idem.DoOption{s.Opt}})
 	require.NoError(t, err)
 	srv := httptest.NewServer(mw(h))
 	t.Cleanup(srv.Close)
@@ -765,7 +778,7 @@ func TestSecurityDefaultFingerprintIsSHA256(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	h := &signupServer{s: s}
 	mw, err := idemhttp.Middleware(pool, idemhttp.Config{Scope: func(*http.Request) (string, error) { return "judy", nil },
-		Options: []idem.Option{s.Opt}})
+		Options: []idem.DoOption{s.Opt}})
 	require.NoError(t, err)
 	srv := httptest.NewServer(mw(h))
 	t.Cleanup(srv.Close)
@@ -966,7 +979,7 @@ func TestSecurityHTTPBodiesNameNoKey(t *testing.T) {
 		return srv.URL
 	}
 	srv := newSrv(idemhttp.Config{})
-	tokenSrv := newSrv(idemhttp.Config{Options: []idem.Option{idem.RequireIssued()}})
+	tokenSrv := newSrv(idemhttp.Config{Options: []idem.DoOption{idem.RequireIssued()}})
 	check := func(r httpReply, status int, what string) {
 		t.Helper()
 		require.Equal(t, status, r.status, "%s: %s", what, r.body)

@@ -88,7 +88,7 @@ func TestTokenAnswers(t *testing.T) {
 
 	// Through the middleware: the detail the client reads says the same.
 	h := &signupServer{s: s}
-	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.Option{s.Opt, req}})
+	srv := newHTTPServer(t, pool, h, idemhttp.Config{Options: []idem.DoOption{s.Opt, req}})
 	for name, id := range unknown {
 		r := post(t, srv.URL, "user:1", id, "http-"+name)
 		require.Equal(t, http.StatusBadRequest, r.status, name)

@@ -155,7 +155,7 @@ func TestIssuedTokenNoWait(t *testing.T) {
 	require.NoError(t, txB.Commit(ctx))
 
 	require.NoError(t, txA.Commit(ctx))
-	res, err = idem.Do(ctx, pool, held, c.fn(held), opts...)
+	res, err = idem.Do(ctx, pool, held, c.fn(held), doOpts(opts)...)
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
 	require.Equal(t, first.Value, res.Value)
@@ -184,7 +184,7 @@ func TestPurge(t *testing.T) {
 	require.NoError(t, err)
 
 	started := time.Now()
-	n, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: 1000}, s.Opt)
+	n, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: 1000}, s.Opt)
 	require.NoError(t, err)
 	require.Less(t, time.Since(started), 5*time.Second, "the purge did not wait for the held row")
 	require.EqualValues(t, 2500, n)
@@ -195,17 +195,17 @@ func TestPurge(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"held", "leased", "new-1", "new-2", "new-3", "new-4", "new-5"}, keys)
 	require.NoError(t, holder.Rollback(ctx))
-	n, err = idem.Purge(ctx, pool, idem.PurgeOptions{}, s.Opt)
+	n, err = idem.Purge(ctx, pool, idem.PurgeParams{}, s.Opt)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "the held row goes once released")
 
 	_, err = pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s.Name, "idem_inbox"}.Sanitize()+` (consumer, message_id, consumed_at)
 		SELECT 'c', 'm' || g, now() - interval '2 days' FROM generate_series(1, 30) g`)
 	require.NoError(t, err)
-	n, err = idem.Purge(ctx, pool, idem.PurgeOptions{InboxRetention: 24 * time.Hour}, s.Opt, s.InboxOpt)
+	n, err = idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: 24 * time.Hour}, s.Opt, s.InboxOpt)
 	require.NoError(t, err)
 	require.EqualValues(t, 30, n)
-	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: -1}, s.Opt)
+	_, err = idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: -1}, s.Opt)
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
 
@@ -227,7 +227,7 @@ func TestPurgePaced(t *testing.T) {
 	}
 	fill()
 	var batches []int64
-	po := idem.PurgeOptions{BatchSize: 500, RowsPerSecond: 10_000, InboxRetention: 24 * time.Hour,
+	po := idem.PurgeParams{BatchSize: 500, RowsPerSecond: 10_000, InboxRetention: 24 * time.Hour,
 		OnBatch: func(n int64) { batches = append(batches, n) }}
 	started := time.Now()
 	n, err := idem.Purge(ctx, pool, po, s.Opt, s.InboxOpt)
@@ -245,23 +245,23 @@ func TestPurgePaced(t *testing.T) {
 
 	fill()
 	cctx, cancel := context.WithCancel(ctx)
-	po = idem.PurgeOptions{BatchSize: 500, RowsPerSecond: 1, OnBatch: func(int64) { cancel() }}
+	po = idem.PurgeParams{BatchSize: 500, RowsPerSecond: 1, OnBatch: func(int64) { cancel() }}
 	n, err = idem.Purge(cctx, pool, po, s.Opt)
 	require.ErrorIs(t, err, context.Canceled)
 	require.EqualValues(t, 500, n, "one batch, then the pause is cut short")
 
 	// Paced, the batches default to 2,000 rows.
-	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{InboxRetention: 24 * time.Hour}, s.Opt, s.InboxOpt)
+	_, err = idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: 24 * time.Hour}, s.Opt, s.InboxOpt)
 	require.NoError(t, err)
 	fill()
 	batches = nil
-	po = idem.PurgeOptions{RowsPerSecond: 1_000_000, OnBatch: func(n int64) { batches = append(batches, n) }}
+	po = idem.PurgeParams{RowsPerSecond: 1_000_000, OnBatch: func(n int64) { batches = append(batches, n) }}
 	n, err = idem.Purge(ctx, pool, po, s.Opt)
 	require.NoError(t, err)
 	require.EqualValues(t, 2000, n)
 	require.Equal(t, []int64{2000, 0}, batches)
 
-	_, err = idem.Purge(ctx, pool, idem.PurgeOptions{RowsPerSecond: -1}, s.Opt)
+	_, err = idem.Purge(ctx, pool, idem.PurgeParams{RowsPerSecond: -1}, s.Opt)
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
 
@@ -299,7 +299,7 @@ func purgeLoopUnderLoad(t *testing.T, iso string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var purged atomic.Int64
-	purger := &idem.Purger{DB: pool, Interval: 10 * time.Millisecond, TableOptions: []idem.Option{s.Opt},
+	purger := &idem.Purger{DB: pool, Interval: 10 * time.Millisecond, Tables: []idem.TableOption{s.Opt},
 		OnPurge: func(n int64, err error) {
 			if err != nil && ctx.Err() == nil {
 				t.Errorf("purge: %v", err)

@@ -33,6 +33,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/ident"
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // FS holds the raw migration files, named as golang-migrate expects
@@ -63,11 +65,12 @@ type config struct {
 // "idempotent_record" in the search_path, and the inbox as
 // schema.idem_inbox; pass the same names to idem.WithTable (and the schema to
 // idem.WithInboxTable). schema may be empty; when set, it is created if
-// missing. Names follow idem.ValidateTableName.
+// missing. Names follow idem.WithTable's rules: plain identifiers (letters,
+// digits and underscores), the table at most 48 bytes, the schema at most 63.
 func WithTable(schema, table string) Option {
 	return func(c *config) {
-		if err := idem.ValidateTableName(schema, table); err != nil {
-			c.err = err
+		if err := ident.ValidateTable(schema, table); err != nil {
+			c.err = fmt.Errorf("%w: %w", idem.ErrInvalidOption, err)
 			return
 		}
 		if table == idem.DefaultInboxTable {
@@ -82,8 +85,8 @@ func WithTable(schema, table string) Option {
 // record table's name followed by "_schema_migrations", in the same schema.
 func WithVersionTable(name string) Option {
 	return func(c *config) {
-		if err := idem.ValidateTableName("", name); err != nil {
-			c.err = err
+		if err := ident.ValidateTable("", name); err != nil {
+			c.err = fmt.Errorf("%w: %w", idem.ErrInvalidOption, err)
 			return
 		}
 		c.versionTable = name
@@ -205,8 +208,8 @@ func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migr
 // because a concurrent run created the schema first (PostgreSQL does not
 // make IF NOT EXISTS safe against that).
 func schemaCreatedMeanwhile(err error) bool {
-	var e interface{ SQLState() string }
-	return errors.As(err, &e) && (e.SQLState() == "23505" || e.SQLState() == "42P06")
+	code := pgerr.Code(err)
+	return code == pgerr.UniqueViolation || code == pgerr.DuplicateSchema
 }
 
 // trackingConnector opens connections through Connector and closes every
@@ -247,7 +250,7 @@ func (t *trackingConnector) closeAll() {
 // Files returns the migration files for a record table named schema.table
 // and the inbox table schema.idem_inbox (schema may be empty): FS itself for
 // the default names, otherwise copies with the names replaced and quoted.
-// The names must pass idem.ValidateTableName.
+// The names must follow WithTable's rules.
 func Files(schema, table string) fs.FS {
 	if schema == "" && table == idem.DefaultTable {
 		return FS

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/ident"
 	"github.com/idemkit/idem/migrations"
 )
 
@@ -66,13 +67,13 @@ func (c *common) register(fs *flag.FlagSet) {
 }
 
 // options are the idem options naming the tables.
-func (c *common) options() []idem.Option {
-	return []idem.Option{idem.WithTable(c.schema, c.table), idem.WithInboxTable(c.schema, idem.DefaultInboxTable)}
+func (c *common) options() []idem.TableOption {
+	return []idem.TableOption{idem.WithTable(c.schema, c.table), idem.WithInboxTable(c.schema, idem.DefaultInboxTable)}
 }
 
 func (c *common) connect(ctx context.Context, getenv env) (*pgxpool.Pool, error) {
-	if err := idem.ValidateTableName(c.schema, c.table); err != nil {
-		return nil, usageError{fmt.Sprintf("--schema/--table: %v", err)}
+	if err := ident.ValidateTable(c.schema, c.table); err != nil {
+		return nil, usageError{fmt.Sprintf("--schema/--table: %v: %v", idem.ErrInvalidOption, err)}
 	}
 	url := c.url
 	if url == "" {
@@ -312,7 +313,7 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	}
 	bar := newProgress(errOut, expired, showBar)
 	start := time.Now()
-	deleted, err := idem.Purge(ctx, pool, idem.PurgeOptions{BatchSize: *batch, InboxRetention: *inbox, RowsPerSecond: *rate, OnBatch: bar.add}, c.options()...)
+	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: *batch, InboxRetention: *inbox, RowsPerSecond: *rate, OnBatch: bar.add}, c.options()...)
 	bar.done()
 	elapsed := time.Since(start)
 	if err != nil {

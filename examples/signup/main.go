@@ -125,7 +125,7 @@ func (a *app) routes() http.Handler {
 			id, err := userOf(r)
 			return "user:" + strconv.FormatInt(id, 10), err
 		},
-		Options: []idem.Option{idem.RequireIssued()},
+		Options: []idem.DoOption{idem.RequireIssued()},
 	})
 	if err != nil {
 		panic(err) // a static configuration: a programming error

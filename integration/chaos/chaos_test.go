@@ -380,7 +380,7 @@ func httpServer(t *testing.T, db *pgxpool.Pool, opt idem.Option,
 	addEffect func(context.Context, pgx.Tx, idem.Key) (string, error)) *httptest.Server {
 	mw, err := idemhttp.Middleware(db, idemhttp.Config{
 		Scope:   func(*http.Request) (string, error) { return "HTTP", nil },
-		Options: []idem.Option{opt},
+		Options: []idem.DoOption{opt},
 	})
 	require.NoError(t, err)
 	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -210,7 +210,7 @@ type Schema struct {
 	// Records is the sanitized name of the record table.
 	Records string
 	// Opt points idem at the schema's record table, InboxOpt at its inbox.
-	Opt, InboxOpt idem.Option
+	Opt, InboxOpt idem.TableOption
 }
 
 // NewSchema creates a schema for the test, migrates idem's table into it, and

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/ident"
 )
 
 // DefaultInboxTable is the consume-once table's name unless WithInboxTable
@@ -34,18 +36,7 @@ func buildInboxQueries(t string) *inboxQueries {
 	}
 }
 
-var defaultInboxQueries = buildInboxQueries(tableIdent("", DefaultInboxTable))
-
-// WithInboxTable names the inbox table for ConsumeOnce and PurgeInbox. It
-// defaults to DefaultInboxTable ("idem_inbox") in the search_path; schema may
-// be empty. Names follow ValidateTableName.
-func WithInboxTable(schema, table string) Option {
-	if err := ValidateTableName(schema, table); err != nil {
-		return errOption(err)
-	}
-	q := buildInboxQueries(tableIdent(schema, table))
-	return func(c *config) { c.inbox = q }
-}
+var defaultInboxQueries = buildInboxQueries(ident.Qualified("", DefaultInboxTable))
 
 // ConsumeOnce runs fn for a message at most once per consumer, inside the
 // caller's transaction tx, and reports whether fn ran.
@@ -64,7 +55,7 @@ func WithInboxTable(schema, table string) Option {
 // ErrInvalidKey before any SQL. Under REPEATABLE READ or SERIALIZABLE a
 // delivery committed after tx's snapshot fails with SQLSTATE 40001.
 func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
-	fn func(ctx context.Context, tx pgx.Tx) error, opts ...Option) (bool, error) {
+	fn func(ctx context.Context, tx pgx.Tx) error, opts ...TableOption) (bool, error) {
 	if err := validatePart("consumer", consumer); err != nil {
 		return false, err
 	}
@@ -121,26 +112,9 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 	return true, nil
 }
 
-// PurgeInbox deletes inbox rows consumed more than olderThan ago, in batches
-// of batchSize rows (1000 when zero), skipping rows another transaction holds,
-// and returns how many it deleted. A message redelivered after its row was
-// purged is processed again, so olderThan must exceed the broker's longest
-// redelivery delay. db may be a pool, a connection or a transaction.
-func PurgeInbox(ctx context.Context, db DBTX, olderThan time.Duration, batchSize int, opts ...Option) (int64, error) {
-	if db == nil || olderThan <= 0 || batchSize < 0 {
-		return 0, fmt.Errorf("%w: PurgeInbox needs a database, a positive age and a batch size >= 0", ErrInvalidOption)
-	}
-	if batchSize == 0 {
-		batchSize = 1000
-	}
-	cfg, err := newConfig(opts)
-	if err != nil {
-		return 0, err
-	}
-	return purgeInbox(ctx, db, &cfg, olderThan, batchSize, &pacer{})
-}
-
-// purgeInbox is PurgeInbox with a pacer (Purge's RowsPerSecond).
+// purgeInbox deletes inbox rows consumed more than olderThan ago, in
+// batches of batchSize, skipping rows another transaction holds, paced by
+// pace (Purge's InboxRetention and RowsPerSecond).
 func purgeInbox(ctx context.Context, db DBTX, cfg *config, olderThan time.Duration, batchSize int, pace *pacer) (int64, error) {
 	var total int64
 	for {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // Query is one SQL statement with its arguments.
@@ -87,7 +89,7 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 			}
 			return true, nil
 		}
-		if err != nil && pgCode(err) == "" && tx.Conn() != nil && tx.Conn().IsClosed() {
+		if err != nil && pgerr.Code(err) == "" && tx.Conn() != nil && tx.Conn().IsClosed() {
 			return false, err // the connection is gone
 		}
 		if rerr := rollbackTo(ctx, tx, spCreate); rerr != nil {
@@ -112,7 +114,7 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 			return false, err
 		}
 		if iso != "read committed" {
-			return false, &pgconn.PgError{Code: sqlstateSerializationFailure,
+			return false, &pgconn.PgError{Code: pgerr.SerializationFailure,
 				Message: "idem: InsertOrGetTx: the existing row was committed after this transaction's snapshot; retry the transaction"}
 		}
 	}
@@ -125,7 +127,7 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 // (lib/pq through database/sql); the name only from pgx's *pgconn.PgError,
 // and it is "" otherwise.
 func UniqueViolation(err error) (constraint string, ok bool) {
-	if pgCode(err) != sqlstateUniqueViolation {
+	if pgerr.Code(err) != pgerr.UniqueViolation {
 		return "", false
 	}
 	var pgErr *pgconn.PgError

@@ -2,6 +2,8 @@ package integration_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -16,13 +18,12 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/integration/internal/pgtest"
-	"github.com/idemkit/idem/internal/knobs"
 )
 
-// On a connection in pgx's default mode without a tracer, the claim and the
-// completion go below pgx.Batch, through pgconn's Batch, as statements
-// prepared with pgx's Conn.Prepare. These tests check that path (which the
-// rest of the suite takes without PgBouncer) against the other one.
+// idem's statements go through pgx.Batch: these tests count the round trips
+// they take, check that tracers see them and that no query mode is
+// overridden, and that ended transactions and dropped prepared statements
+// are handled.
 
 // countingConn counts the client's writes: one per round trip, since pgx and
 // pgconn send each request in one write.
@@ -78,11 +79,10 @@ func containsStatement(stmts []string, part string) bool {
 	return false
 }
 
-// TestRoundTripsBelowPgxBatch is TestDoCostsTheRoundTripsOfABareTransaction
-// on the path below pgx.Batch (no tracer), counting writes: Do costs the
-// round trips of a bare transaction, a replay two, and WithIdempotency two
-// more than the caller's own statements.
-func TestRoundTripsBelowPgxBatch(t *testing.T) {
+// TestRoundTrips counts writes on a direct connection in pgx's default mode:
+// Do costs the round trips of a bare transaction, a replay two, and
+// WithIdempotency two more than the caller's own statements.
+func TestRoundTrips(t *testing.T) {
 	s := pgtest.NewSchema(t, pgtest.Pool(t))
 	var writes atomic.Int64
 	conn := directConn(t, &writes)
@@ -100,7 +100,7 @@ func TestRoundTripsBelowPgxBatch(t *testing.T) {
 	bare()
 	for _, opts := range [][]idem.Option{nil, {idem.NoWait()}} {
 		for range 2 {
-			_, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "warm-do"}, insert, append(opts, s.Opt)...)
+			_, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "warm-do"}, insert, doOpts(opts, s.Opt)...)
 			require.NoError(t, err)
 			withIdem("warm-wi", opts...)
 		}
@@ -121,12 +121,12 @@ func TestRoundTripsBelowPgxBatch(t *testing.T) {
 		var res idem.Result[int]
 		var err error
 		require.Equal(t, bareTrips, count(func() {
-			res, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: id}, insert, append(opts, s.Opt)...)
+			res, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: id}, insert, doOpts(opts, s.Opt)...)
 		}), "a first execution costs what a bare transaction costs (%d options)", len(opts))
 		require.NoError(t, err)
 		require.False(t, res.Replayed)
 		require.EqualValues(t, 2, count(func() {
-			res, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: id}, insert, append(opts, s.Opt)...)
+			res, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: id}, insert, doOpts(opts, s.Opt)...)
 		}), "a replay costs two round trips")
 		require.NoError(t, err)
 		require.True(t, res.Replayed)
@@ -145,39 +145,9 @@ func TestRoundTripsBelowPgxBatch(t *testing.T) {
 	require.Equal(t, 8, effects)
 }
 
-// TestFewerAllocationsBelowPgxBatch checks that the claim and the completion
-// really take the path below pgx.Batch on a plain connection: a
-// WithIdempotency call allocates far less there than through pgx.Batch (the
-// path knobs.PgxBatch forces, and every connection with a tracer takes).
-func TestFewerAllocationsBelowPgxBatch(t *testing.T) {
-	s := pgtest.NewSchema(t, pgtest.Pool(t))
-	var writes atomic.Int64
-	conn := directConn(t, &writes)
-	ctx := context.Background()
-	fn := func(context.Context, pgx.Tx) (int, error) { return 1, nil }
-	n := 0
-	call := func() {
-		n++
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		_, err = idem.WithIdempotency(ctx, tx, idem.Key{Scope: "s", ID: strconv.Itoa(n)}, fn, s.Opt)
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit(ctx))
-	}
-	below := testing.AllocsPerRun(50, call)
-	knobs.PgxBatch.Store(true)
-	through := testing.AllocsPerRun(50, call)
-	knobs.PgxBatch.Store(false)
-	t.Logf("allocations per call: %.0f below pgx.Batch, %.0f through it", below, through)
-	require.Less(t, below+30, through, "below pgx.Batch: %.0f allocations, through it: %.0f", below, through)
-	var records int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM `+s.Records+` WHERE status = 'succeeded'`).Scan(&records))
-	require.Equal(t, n, records)
-}
-
-// TestTracersSeeEveryStatement checks that a connection with a pgx tracer
-// keeps idem's statements on pgx.Batch, where the tracer sees them, and that
-// a connection in another query mode gets no statement prepared by idem.
+// TestTracersSeeEveryStatement checks that a pgx tracer sees every statement
+// idem sends, and that a connection in another query mode gets no statement
+// prepared by idem.
 func TestTracersSeeEveryStatement(t *testing.T) {
 	s := pgtest.NewSchema(t, pgtest.Pool(t))
 	ctx := context.Background()
@@ -188,7 +158,7 @@ func TestTracersSeeEveryStatement(t *testing.T) {
 	for _, conn := range []*pgx.Conn{traced, execMode} {
 		for _, opts := range [][]idem.Option{{s.Opt}, {s.Opt, idem.NoWait()}} {
 			for range 2 { // an execution, then a replay
-				_, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "do"}, func(context.Context, pgx.Tx) (int, error) { return 1, nil }, opts...)
+				_, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "do"}, func(context.Context, pgx.Tx) (int, error) { return 1, nil }, doOpts(opts)...)
 				require.NoError(t, err)
 				tx, err := conn.Begin(ctx)
 				require.NoError(t, err)
@@ -207,56 +177,17 @@ func TestTracersSeeEveryStatement(t *testing.T) {
 	}
 }
 
-// TestStatementsPreparedAgainAfterDiscard checks that when the server drops
-// the prepared statements behind pgx's back (DISCARD ALL), the call that
-// meets the missing statement fails with its error, and the next one
-// prepares the statements again and works.
-func TestStatementsPreparedAgainAfterDiscard(t *testing.T) {
-	s := pgtest.NewSchema(t, pgtest.Pool(t))
-	ctx := context.Background()
-	var writes atomic.Int64
-	conn := directConn(t, &writes)
-	fn := func(context.Context, pgx.Tx) (int, error) { return 7, nil }
-	call := func(id string) (idem.Result[int], error) {
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		res, err := idem.WithIdempotency(ctx, tx, idem.Key{Scope: "s", ID: id}, fn, s.Opt)
-		if err != nil {
-			return res, err
-		}
-		return res, tx.Commit(ctx)
-	}
-	_, err := call("a")
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "DISCARD ALL", pgx.QueryExecModeSimpleProtocol)
-	require.NoError(t, err)
-
-	_, err = call("b")
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	require.Equal(t, "26000", pgErr.Code, "the missing prepared statement")
-
-	res, err := call("b")
-	require.NoError(t, err)
-	require.Equal(t, idem.Result[int]{Value: 7}, res)
-	res, err = call("a")
-	require.NoError(t, err)
-	require.Equal(t, idem.Result[int]{Value: 7, Replayed: true}, res)
-}
-
 // TestEndedTransactionsAreRefused checks that a transaction that has ended
 // (committed, a released savepoint, a pool transaction whose connection
-// went back to the pool and to another caller) gets pgx.ErrTxClosed on both
-// paths, and that nothing reaches the connection's new owner.
+// went back to the pool and to another caller) gets pgx.ErrTxClosed, and
+// that nothing reaches the connection's new owner.
 func TestEndedTransactionsAreRefused(t *testing.T) {
 	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
 	s := pgtest.NewSchema(t, pgtest.Pool(t))
 	ctx := context.Background()
 	fn := func(context.Context, pgx.Tx) (int, error) { return 7, nil }
-	for _, throughPgx := range []bool{false, true} {
-		knobs.PgxBatch.Store(throughPgx)
-		prefix := strconv.FormatBool(throughPgx) + "-"
+	{
+		prefix := ""
 
 		conn := pgtest.Conn(t)
 		tx, err := conn.Begin(ctx)
@@ -283,49 +214,98 @@ func TestEndedTransactionsAreRefused(t *testing.T) {
 		require.ErrorIs(t, err, pgx.ErrTxClosed, "a pool transaction after its commit")
 		require.NoError(t, other.Commit(ctx))
 	}
-	knobs.PgxBatch.Store(false)
 	var records int
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+s.Records).Scan(&records))
 	require.Zero(t, records, "no record reached a transaction that had ended, nor the connection's next owner")
 }
 
-// After a DISCARD ALL, Do and Claim recover too: Do's first round trip goes
-// through pgx.Batch, which picks up the statements idem prepared on the
-// connection (named after their text); its failure forgets them as the wire
-// path's does, and Claim's read has a text of its own.
-func TestDoAndClaimRecoverAfterDiscard(t *testing.T) {
+// TestRecoversAfterDiscard checks what happens when the server drops the
+// prepared statements behind pgx's back (DISCARD ALL): a call that meets a
+// statement pgx still believes prepared fails with SQLSTATE 26000 and
+// nothing else (pgx then forgets that statement and prepares it again on
+// its next use), so after at most one failure per statement idem uses every
+// call works again, and no call ever ran fn twice or answered wrongly.
+func TestRecoversAfterDiscard(t *testing.T) {
 	s := pgtest.NewSchema(t, pgtest.Pool(t))
 	ctx := context.Background()
 	var writes atomic.Int64
 	conn := directConn(t, &writes)
-	fn := func(context.Context, pgx.Tx) (int, error) { return 7, nil }
-	withIdem := func(id string) {
+	insert := func(id string) func(context.Context, pgx.Tx) (int, error) {
+		return func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO `+s.Effects+` (scope, key, value) VALUES ('s', $1, 'v')`, id)
+			return 1, err
+		}
+	}
+	withIdem := func(id string) (idem.Result[int], error) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		_, err = idem.WithIdempotency(ctx, tx, idem.Key{Scope: "s", ID: id}, fn, s.Opt)
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit(ctx))
+		res, err := idem.WithIdempotency(ctx, tx, idem.Key{Scope: "s", ID: id}, insert(id), s.Opt)
+		if err != nil {
+			return res, err
+		}
+		return res, tx.Commit(ctx)
 	}
-	withIdem("a")
-	withIdem("a") // the replay prepares the read as well
+	do := func(id string) (idem.Result[int], error) {
+		return idem.Do(ctx, conn, idem.Key{Scope: "s", ID: id}, insert(id), s.Opt)
+	}
+	claim := func(id string) (idem.Result[int], error) {
+		_, res, err := idem.Claim[int](ctx, conn, idem.Key{Scope: "s", ID: id}, time.Minute, s.Opt)
+		return res, err
+	}
+	// Every statement idem uses is prepared once: executions and replays
+	// of each entry point.
+	for i, call := range []func(string) (idem.Result[int], error){withIdem, do, claim} {
+		for range 2 {
+			_, err := call(fmt.Sprintf("warm-%d", i))
+			if !errors.Is(err, idem.ErrInProgress) { // a second Claim of a held key reads it
+				require.NoError(t, err)
+			}
+		}
+	}
+	prepared := len(preparedStatements(t, conn))
+	require.NotZero(t, prepared)
 
 	_, err := conn.Exec(ctx, "DISCARD ALL", pgx.QueryExecModeSimpleProtocol)
 	require.NoError(t, err)
-	_, _, err = idem.Claim[int](ctx, conn, idem.Key{Scope: "s", ID: "lease-0"}, time.Minute, s.Opt)
-	require.NoError(t, err, "Claim does not use the statements idem prepared")
-	_, err = idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "b"}, fn, s.Opt)
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	require.Equal(t, "26000", pgErr.Code, "the missing prepared statement")
-	for i := range 3 {
-		res, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "b"}, fn, s.Opt)
-		require.NoError(t, err, "call %d after the failing one", i)
-		require.Equal(t, i > 0, res.Replayed)
-		_, _, err = idem.Claim[int](ctx, conn, idem.Key{Scope: "s", ID: "lease-" + strconv.Itoa(i+1)}, time.Minute, s.Opt)
-		require.NoError(t, err)
+
+	failures := 0
+	for name, call := range map[string]func(string) (idem.Result[int], error){"WithIdempotency": withIdem, "Do": do} {
+		for _, id := range []string{name + "-a", name + "-a", name + "-b"} {
+			for {
+				res, err := call(id)
+				if err != nil {
+					var pgErr *pgconn.PgError
+					require.ErrorAs(t, err, &pgErr, "%s(%s)", name, id)
+					require.Equal(t, "26000", pgErr.Code, "%s(%s): only the missing statement may fail a call", name, id)
+					failures++
+					require.LessOrEqual(t, failures, prepared, "more failures than statements pgx had prepared")
+					continue
+				}
+				require.Equal(t, 1, res.Value)
+				break
+			}
+		}
 	}
-	res, err := idem.Do(ctx, conn, idem.Key{Scope: "s", ID: "a"}, fn, s.Opt)
+	for i := range 3 {
+		for {
+			_, err := claim("lease-" + strconv.Itoa(i))
+			if err == nil {
+				break
+			}
+			require.Equal(t, "26000", pgCodeOf(err))
+			failures++
+			require.LessOrEqual(t, failures, prepared, "more failures than statements pgx had prepared")
+		}
+	}
+	t.Logf("%d calls failed with 26000 after DISCARD ALL (%d statements were prepared)", failures, prepared)
+
+	// Each key ran fn once: a failed call left nothing behind, and the
+	// repeat of a key replayed.
+	for _, id := range []string{"WithIdempotency-a", "WithIdempotency-b", "Do-a", "Do-b"} {
+		require.Equal(t, 1, s.CountEffects(t, pgtest.Pool(t), idem.Key{Scope: "s", ID: id}), id)
+	}
+	res, err := do("WithIdempotency-a")
 	require.NoError(t, err)
-	require.Equal(t, idem.Result[int]{Value: 7, Replayed: true}, res)
+	require.Equal(t, idem.Result[int]{Value: 1, Replayed: true}, res)
 }
