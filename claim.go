@@ -119,7 +119,7 @@ func claimKey(ctx context.Context, s claimStrategy, key Key, cfg *config) (recor
 			}
 			return record{claimed: true, attempt: *attempt, status: StatusProcessing}, nil
 		}
-		tookOver := st != claim
+		wasTakeover := st != claim
 		rec, found, err := s.read(ctx)
 		if err != nil {
 			return record{}, err
@@ -134,7 +134,7 @@ func claimKey(ctx context.Context, s claimStrategy, key Key, cfg *config) (recor
 			st = claim // purged after the conflict: claim again
 		case !rec.fingerprintMatches(key.Fingerprint):
 			return rec, ErrKeyReused
-		case tookOver && cfg.noWait && (rec.takeable() || rec.status == StatusProcessing):
+		case wasTakeover && cfg.noWait && (rec.takeable() || rec.status == StatusProcessing):
 			// The no-wait takeover skipped a row another transaction holds:
 			// it is taking the record over right now, or has just done so.
 			return rec, ErrInProgress

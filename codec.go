@@ -9,22 +9,22 @@ import (
 
 // Codec turns fn's results into the bytes stored in the record and back.
 // Marshal receives a T and Unmarshal a *T.
+//
+// Without one (WithCodec), results are stored as JSON with encoding/json,
+// except []byte and json.RawMessage results, which are stored as they are.
+// Like encoding/json, the default replaces invalid UTF-8 in strings with
+// U+FFFD, so a replay of such a string differs from the first result:
+// return binary data as []byte.
 type Codec interface {
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error
 }
 
-// JSONCodec stores values as JSON with encoding/json. Like encoding/json,
-// it replaces invalid UTF-8 in strings with U+FFFD, so a replay of such a
-// string differs from the first result: return binary data as []byte, which
-// is stored as it is.
-type JSONCodec struct{}
+// jsonCodec is the default Codec for values that are not bytes.
+type jsonCodec struct{}
 
-// Marshal encodes v as JSON.
-func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-
-// Unmarshal decodes JSON data into v.
-func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
 
 // encodeValue stores v with codec, or by default as JSON except for []byte
 // and json.RawMessage, which are stored as they are.
@@ -36,7 +36,7 @@ func encodeValue[T any](codec Codec, v T) ([]byte, error) {
 		case json.RawMessage:
 			return nonNil(b), nil
 		}
-		codec = JSONCodec{}
+		codec = jsonCodec{}
 	}
 	data, err := codec.Marshal(v)
 	if err != nil {
@@ -80,7 +80,7 @@ func decodeValue[T any](codec Codec, data []byte) (T, error) {
 			*p = bytes.Clone(data)
 			return v, nil
 		}
-		codec = JSONCodec{}
+		codec = jsonCodec{}
 	}
 	if err := codec.Unmarshal(data, &v); err != nil {
 		return v, fmt.Errorf("idem: decoding the recorded result into %T: %w", v, err)

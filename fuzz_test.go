@@ -58,7 +58,7 @@ func FuzzCodec(f *testing.F) {
 			t.Fatalf("string round trip: %q -> %q, %v", str, dec, err)
 		}
 		if !utf8.ValidString(str) && dec != eachInvalidByteReplaced(str) {
-			// JSONCodec's documented behaviour: invalid bytes become U+FFFD.
+			// The default codec's documented behaviour: invalid bytes become U+FFFD.
 			t.Fatalf("invalid UTF-8 string: %q -> %q, want each invalid byte as U+FFFD", str, dec)
 		}
 		if json.Valid(data) {

@@ -186,7 +186,7 @@ func (l *Lease[T]) RecoveryData(v any) error {
 	}
 	codec := l.cfg.codec
 	if codec == nil {
-		codec = JSONCodec{}
+		codec = jsonCodec{}
 	}
 	if b, ok := v.(*[]byte); ok && l.cfg.codec == nil {
 		*b = append((*b)[:0], l.data...)

@@ -32,7 +32,7 @@ func TestNewConfigAppliesOptions(t *testing.T) {
 		WithTTL(time.Minute),
 		NoWait(),
 		RequireIssued(),
-		WithCodec(JSONCodec{}),
+		WithCodec(jsonCodec{}),
 		WithMaxResultSize(4096),
 		WithRetry(RetryPolicy{MaxAttempts: 1}),
 		WithTable("app", "keys"),
@@ -43,7 +43,7 @@ func TestNewConfigAppliesOptions(t *testing.T) {
 	require.Equal(t, time.Minute, cfg.ttl)
 	require.True(t, cfg.noWait)
 	require.True(t, cfg.requireIssued)
-	require.Equal(t, JSONCodec{}, cfg.codec)
+	require.Equal(t, jsonCodec{}, cfg.codec)
 	require.Equal(t, 4096, cfg.maxResult)
 	// Zero fields of a policy take their defaults.
 	require.Equal(t, RetryPolicy{MaxAttempts: 1, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond}, cfg.retry)
@@ -51,7 +51,7 @@ func TestNewConfigAppliesOptions(t *testing.T) {
 	require.Equal(t, `"app"."inbox"`, cfg.inbox.table)
 
 	// WithMaxResultSize(0) and WithCodec(nil) restore the defaults.
-	cfg, err = newConfig([]Option{WithMaxResultSize(4096), WithMaxResultSize(0), WithCodec(JSONCodec{}), WithCodec(nil)})
+	cfg, err = newConfig([]Option{WithMaxResultSize(4096), WithMaxResultSize(0), WithCodec(jsonCodec{}), WithCodec(nil)})
 	require.NoError(t, err)
 	require.Equal(t, DefaultMaxResultSize, cfg.maxResult)
 	require.Nil(t, cfg.codec)

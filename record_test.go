@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -76,17 +75,4 @@ func TestOptionsAreValidated(t *testing.T) {
 		_, err := idem.Lookup(context.Background(), noSQL{t}, "s", "k", idem.WithTable(bad[0], bad[1]))
 		require.ErrorIs(t, err, idem.ErrInvalidOption, "%q", bad)
 	}
-}
-
-func TestJSONCodecRoundTrip(t *testing.T) {
-	type v struct {
-		A int
-		B []string
-	}
-	data, err := idem.JSONCodec{}.Marshal(v{1, []string{"x"}})
-	require.NoError(t, err)
-	var got v
-	require.NoError(t, idem.JSONCodec{}.Unmarshal(data, &got))
-	require.Equal(t, v{1, []string{"x"}}, got)
-	require.True(t, json.Valid(data))
 }

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -910,7 +911,7 @@ func TestCustomCodecAndRawBytes(t *testing.T) {
 type upperCodec struct{}
 
 func (upperCodec) Marshal(v any) ([]byte, error) {
-	b, err := idem.JSONCodec{}.Marshal(v)
+	b, err := json.Marshal(v)
 	return append([]byte("CODEC:"), b...), err
 }
 
@@ -918,7 +919,7 @@ func (upperCodec) Unmarshal(data []byte, v any) error {
 	if len(data) < 6 || string(data[:6]) != "CODEC:" {
 		return errors.New("not written by upperCodec")
 	}
-	return idem.JSONCodec{}.Unmarshal(data[6:], v)
+	return json.Unmarshal(data[6:], v)
 }
 
 // A context cancelled after fn returned but before the result was recorded:
