@@ -36,9 +36,12 @@ import (
 //     read after a conflict ends it in its round trip, so an execution costs
 //     the round trips of a bare transaction and a replay two.
 
-// maxClaimTries bounds the claim loop: a record purged between the claim and
-// the read, or taken over by another transaction, sends the call around again.
-const maxClaimTries = 16
+// maxClaimTries bounds the claim loop, whose every turn runs one claiming
+// statement (the INSERT, or a takeover) and, when it claims nothing, the
+// read: a record purged between the claim and the read, or taken over by
+// another transaction first, sends the call around again. 32 turns are 16
+// rounds of a claim and a takeover.
+const maxClaimTries = 32
 
 // Savepoint names. PostgreSQL resolves a repeated name to the most recent
 // savepoint, so nested calls with distinct keys work.
