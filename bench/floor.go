@@ -48,7 +48,7 @@ var floorVariants = []variant{
 }
 
 func setupFloor(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `CREATE TABLE idem_bench.keyed (scope text NOT NULL, key text NOT NULL, PRIMARY KEY (scope, key))`)
+	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_bench.keyed (scope text NOT NULL, key text NOT NULL, PRIMARY KEY (scope, key))`)
 	return err
 }
 

@@ -3,6 +3,16 @@
 //
 //	go run ./bench                       # the core suite: 16 workers, 5 rounds of 3s
 //	go run ./bench -suites core,transition,inbox -rounds 7 -markdown out.md
+//	go run ./bench -suites core,redis,http -rtt 0,200us,1ms -workers 1,16,64 \
+//		-json docs/bench/latency.json -chart docs/bench/latency.png
+//
+// With -rtt, every suite runs once per round-trip time, with PostgreSQL and
+// Redis behind a proxy on 127.0.0.1 (in a child process) that delays each
+// direction by half of it, keeping order and pipelining: services talk to
+// their database across a network, where each round trip costs time rather
+// than CPU. The report gives the round trip the proxy really added, measured
+// with SELECT 1 through it and straight, and the proxy's CPU per operation,
+// which on a small machine competes with the client and the server.
 //
 // Suites (the first variant of each is its baseline):
 //
@@ -19,6 +29,9 @@
 //	            completion), Do, sql-model/WithIdempotency (what WithIdempotency
 //	            adds to a caller's transaction) and WithIdempotency: what each
 //	            piece costs on this machine
+//	shape       Do's statements, hand-written as sql-model is, against copies of
+//	            the record table that differ in one thing each: fillfactor 100,
+//	            a narrow row, a BRIN index on expires_at, no index on it
 //	transition  PENDING -> PAID on a fresh row per operation:
 //	            hand-written UPDATE ... WHERE id = $1 AND status = 'PENDING' with a row-count
 //	            check, against StateMachine.Transition
@@ -51,6 +64,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -111,15 +125,19 @@ type suite struct {
 	// key (the Redis recipe answers a duplicate in flight with an error,
 	// which would end the run).
 	newKeysOnly bool
+	// bare names the variant that is a bare transaction, for the ratios to
+	// bare of the JSON results and the latency chart; the baseline if "".
+	bare string
 }
 
 var suites = []suite{
 	{name: "core", about: "one INSERT per operation (a duplicate request replays)", variants: coreVariants},
 	{name: "floor", about: "the record's SQL added to a bare transaction a piece at a time, every key new", setup: setupFloor, variants: floorVariants, newKeysOnly: true},
+	{name: "shape", about: "Do's statements, hand-written, against copies of the record table that differ in one thing each", setup: setupShape, variants: shapeVariants, newKeysOnly: true},
 	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
 	{name: "inbox", about: "one message per operation (a duplicate is a redelivery); the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
-	{name: "redis", about: "a sign-up with a new token per operation: the Redis recipe of scenario 000 against idem.Do", setup: setupRedis, variants: redisVariants, newKeysOnly: true},
+	{name: "redis", about: "a sign-up with a new token per operation: the Redis recipe of scenario 000 against idem.Do", setup: setupRedis, variants: redisVariants, newKeysOnly: true, bare: "bare transaction"},
 	{name: "faults", variants: []variant{{"redis recipe", redisRecipe}}, custom: runFaultSuite},
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
 	{name: "tablesize", custom: runTableSizeSuite},
@@ -157,6 +175,7 @@ type sample struct {
 	elapsed  time.Duration
 	p50, p99 time.Duration
 	cpu      time.Duration // this process's CPU time (user+system) during the run
+	proxyCPU time.Duration // the delay proxies' CPU time during the run (-rtt)
 }
 
 func processCPU() time.Duration {
@@ -212,17 +231,30 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	dupsFlag := flag.String("dups", "0", "comma-separated shares of duplicate requests for the core, transition, inbox and http suites, e.g. 0,0.5,0.9")
 	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
-	chartOut := flag.String("chart", "", "also draw the core suite's throughput against workers (duplicates 0) to this PNG file")
+	chartOut := flag.String("chart", "", "also draw a chart to this PNG file: with one -rtt, the core suite's throughput against workers (duplicates 0); with several, the ratio to a bare transaction against the added round-trip time")
+	rttFlag := flag.String("rtt", "0", "comma-separated round-trip times to add in front of PostgreSQL and Redis through a delay proxy on 127.0.0.1, e.g. 0,200us,1ms (0: none)")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
 	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size (0: Purge's default)")
 	flag.IntVar(&purgeRate, "purge-rate", purgeRate, "the purge suite's PurgeParams.RowsPerSecond (0: unpaced)")
 	flag.Int64Var(&transitionRows, "transition-rows", transitionRows, "PENDING rows the transition suite prepares (one per operation)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	if spec := os.Getenv(proxyEnv); spec != "" {
+		if err := runProxyChild(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: delay proxy:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	rtts, err := parseRTTs(*rttFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
 	tableSizes = nil
 	for _, f := range strings.Split(*tableSizesFlag, ",") {
 		n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
@@ -250,11 +282,51 @@ func main() {
 		dupShares = append(dupShares, d)
 	}
 	jsonPath, chartPath = *jsonOut, *chartOut
-	if err := run(*workersFlag, *suitesFlag, *rounds, *duration, *warmup, *markdown); err != nil {
+	if err := run(*workersFlag, *suitesFlag, rtts, *rounds, *duration, *warmup, *markdown); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// runSuites runs the suites named under the network l, on a pool of its own.
+func runSuites(ctx context.Context, l *latency, suiteNames []string, workerCounts []int, rounds int, duration, warmup time.Duration, report *strings.Builder) error {
+	pool, err := latencyPool(ctx, l, slices.Max(workerCounts))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	for _, su := range suites {
+		if !slices.Contains(suiteNames, su.name) {
+			continue
+		}
+		if su.setup != nil {
+			if err := su.setup(ctx, pool); err != nil {
+				return fmt.Errorf("%s: %w", su.name, err)
+			}
+		}
+		shares := dupShares
+		if su.custom != nil || su.newKeysOnly || len(shares) == 0 {
+			shares = []float64{0}
+		}
+		for _, share := range shares {
+			dupRate = share
+			for _, workers := range workerCounts {
+				run := func() (string, error) { return runSuite(ctx, pool, su, workers, rounds, duration, warmup) }
+				if su.custom != nil {
+					run = func() (string, error) { return su.custom(ctx, pool, workers, rounds, duration) }
+				}
+				table, err := run()
+				if err != nil {
+					return err
+				}
+				fmt.Print(table)
+				report.WriteString(table)
+			}
+		}
+		dupRate = 0
+	}
+	return nil
 }
 
 // runSuite measures a suite's variants at one worker count in interleaved,
@@ -262,6 +334,7 @@ func main() {
 func runSuite(ctx context.Context, pool *pgxpool.Pool, su suite, workers, rounds int, duration, warmup time.Duration) (string, error) {
 	variants := su.variants
 	base := variants[0].name
+	bare := cmp.Or(su.bare, base)
 	for _, v := range variants { // warm the pool and the statement caches
 		if _, err := measure(ctx, pool, v, workers, warmup); err != nil {
 			return "", err
@@ -269,6 +342,7 @@ func runSuite(ctx context.Context, pool *pgxpool.Pool, su suite, workers, rounds
 	}
 	samples := map[string][]sample{}
 	ratios := map[string][]float64{}
+	bareRatios := map[string][]float64{}
 	for r := range rounds {
 		order := slices.Clone(variants)
 		for i := 0; i < r%len(order); i++ { // rotate the order every round
@@ -285,37 +359,52 @@ func runSuite(ctx context.Context, pool *pgxpool.Pool, su suite, workers, rounds
 		}
 		for _, v := range variants {
 			ratios[v.name] = append(ratios[v.name], round[v.name].throughput()/round[base].throughput())
+			bareRatios[v.name] = append(bareRatios[v.name], round[v.name].throughput()/round[bare].throughput())
 		}
 		fmt.Fprintf(os.Stderr, "  %s workers=%d round %d/%d done\n", su.name, workers, r+1, rounds)
 	}
 	var table strings.Builder
+	proxied := len(current.proxies) > 0
 	fmt.Fprintf(&table, "%s: %s; workers=%d; duplicate requests %.0f%%\n\n", su.name, su.about, workers, dupRate*100)
-	fmt.Fprintf(&table, "| variant | ops/s (median) | ratio to %s (median of rounds) | ratio range | p50 | p99 | client CPU/op |\n", base)
-	fmt.Fprintf(&table, "|---|---:|---:|---|---:|---:|---:|\n")
+	fmt.Fprintf(&table, "| variant | ops/s (median) | ratio to %s (median of rounds) | ratio range | p50 | p99 | client CPU/op |", base)
+	if proxied {
+		fmt.Fprintf(&table, " proxy CPU/op |\n|---|---:|---:|---|---:|---:|---:|---:|\n")
+	} else {
+		fmt.Fprintf(&table, "\n|---|---:|---:|---|---:|---:|---:|\n")
+	}
 	for _, v := range variants {
 		var tps []float64
-		var p50s, p99s, cpus []time.Duration
+		var p50s, p99s, cpus, proxyCPUs []time.Duration
 		for _, s := range samples[v.name] {
 			tps = append(tps, s.throughput())
 			p50s = append(p50s, s.p50)
 			p99s = append(p99s, s.p99)
 			cpus = append(cpus, s.cpu/time.Duration(max(s.ops, 1)))
+			proxyCPUs = append(proxyCPUs, s.proxyCPU/time.Duration(max(s.ops, 1)))
 		}
 		addResult(result{Suite: su.name, Dups: dupRate, Workers: workers, Variant: v.name, OpsPerS: median(tps),
-			Ratio: median(ratios[v.name]), P50Micro: medianDur(p50s).Microseconds(), P99Micro: medianDur(p99s).Microseconds()})
-		fmt.Fprintf(&table, "| %s | %.0f | %.2f | %.2f-%.2f | %v | %v | %v |\n", v.name, median(tps), median(ratios[v.name]),
+			Ratio: median(ratios[v.name]), RatioToBare: median(bareRatios[v.name]),
+			RatioMin: slices.Min(bareRatios[v.name]), RatioMax: slices.Max(bareRatios[v.name]),
+			P50Ms: ms(medianDur(p50s)), P99Ms: ms(medianDur(p99s)), Rounds: rounds,
+			RTTMicro: current.rtt.Microseconds(), MeasuredRTTMicro: current.measured.Microseconds(),
+			ClientCPUMicro: float64(medianDur(cpus).Nanoseconds()) / 1e3, ProxyCPUMicro: float64(medianDur(proxyCPUs).Nanoseconds()) / 1e3})
+		fmt.Fprintf(&table, "| %s | %.0f | %.2f | %.2f-%.2f | %v | %v | %v |", v.name, median(tps), median(ratios[v.name]),
 			slices.Min(ratios[v.name]), slices.Max(ratios[v.name]),
 			medianDur(p50s).Round(10*time.Microsecond), medianDur(p99s).Round(10*time.Microsecond), medianDur(cpus).Round(time.Microsecond))
+		if proxied {
+			fmt.Fprintf(&table, " %v |", medianDur(proxyCPUs).Round(time.Microsecond))
+		}
+		table.WriteString("\n")
 	}
 	fmt.Fprintln(&table)
 	return table.String(), nil
 }
 
-func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Duration, markdown string) error {
+func run(workersFlag, suitesFlag string, rtts []time.Duration, rounds int, duration, warmup time.Duration, markdown string) error {
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, floor, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, floor, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
 		}
 	}
 	var workerCounts []int
@@ -363,35 +452,21 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 	fmt.Fprintf(&report, "%d interleaved rounds of %v per variant\n\n", rounds, duration)
 	fmt.Print(report.String())
 
-	for _, su := range suites {
-		if !slices.Contains(suiteNames, su.name) {
-			continue
+	for _, rtt := range rtts {
+		l, err := openLatency(ctx, os.Getenv("DATABASE_URL"), rtt, slices.Contains(suiteNames, "redis"))
+		if err != nil {
+			return fmt.Errorf("-rtt %v: %w", rtt, err)
 		}
-		if su.setup != nil {
-			if err := su.setup(ctx, pool); err != nil {
-				return fmt.Errorf("%s: %w", su.name, err)
-			}
+		current = l
+		head := fmt.Sprintf("network: %s\n\n", l.label())
+		fmt.Print(head)
+		report.WriteString(head)
+		err = runSuites(ctx, l, suiteNames, workerCounts, rounds, duration, warmup, &report)
+		current = &latency{redisAddr: "127.0.0.1:6379"}
+		l.close()
+		if err != nil {
+			return err
 		}
-		shares := dupShares
-		if su.custom != nil || su.newKeysOnly || len(shares) == 0 {
-			shares = []float64{0}
-		}
-		for _, share := range shares {
-			dupRate = share
-			for _, workers := range workerCounts {
-				run := func() (string, error) { return runSuite(ctx, pool, su, workers, rounds, duration, warmup) }
-				if su.custom != nil {
-					run = func() (string, error) { return su.custom(ctx, pool, workers, rounds, duration) }
-				}
-				table, err := run()
-				if err != nil {
-					return err
-				}
-				fmt.Print(table)
-				report.WriteString(table)
-			}
-		}
-		dupRate = 0
 	}
 	if jsonPath != "" {
 		if err := writeJSON(jsonPath, version, syncCommit); err != nil {
@@ -399,7 +474,11 @@ func run(workersFlag, suitesFlag string, rounds int, duration, warmup time.Durat
 		}
 	}
 	if chartPath != "" {
-		if err := writeChart(chartPath); err != nil {
+		write := writeChart
+		if len(rtts) > 1 {
+			write = writeLatencyChart
+		}
+		if err := write(chartPath); err != nil {
 			return err
 		}
 	}

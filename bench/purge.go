@@ -131,7 +131,7 @@ func measureUntil(ctx context.Context, pool *pgxpool.Pool, v variant, workers in
 		firstErr error
 	)
 	start := time.Now()
-	cpu0 := processCPU()
+	cpu0, proxy0 := processCPU(), current.proxyCPU()
 	for range workers {
 		wg.Go(func() {
 			local := make([]time.Duration, 0, 4096)
@@ -170,5 +170,6 @@ func measureUntil(ctx context.Context, pool *pgxpool.Pool, v variant, workers in
 		}
 		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
 	}
-	return sample{ops: ops.Load(), elapsed: time.Since(start), p50: pct(0.50), p99: pct(0.99), cpu: processCPU() - cpu0}, nil
+	return sample{ops: ops.Load(), elapsed: time.Since(start), p50: pct(0.50), p99: pct(0.99), cpu: processCPU() - cpu0,
+		proxyCPU: current.proxyCPU() - proxy0}, nil
 }

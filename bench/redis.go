@@ -37,7 +37,7 @@ var (
 )
 
 func setupRedis(ctx context.Context, pool *pgxpool.Pool) error {
-	redisClient = redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 64})
+	redisClient = redis.NewClient(&redis.Options{Addr: current.redisAddr, PoolSize: 64})
 	redisRun = strconv.FormatInt(time.Now().UnixNano(), 36)
 	if err := redisClient.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("the redis suite needs Redis at 127.0.0.1:6379: %w", err)

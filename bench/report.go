@@ -56,17 +56,35 @@ func nextKey() idem.Key {
 	return idem.Key{Scope: "bench", ID: id}
 }
 
-// result is one row of a comparison, as written to the JSON file.
+// result is one row of a comparison, as written to the JSON file: medians
+// over the rounds, ratios taken round by round.
 type result struct {
-	Suite    string  `json:"suite"`
-	Dups     float64 `json:"duplicate_share"`
-	Workers  int     `json:"workers"`
-	Variant  string  `json:"variant"`
-	OpsPerS  float64 `json:"ops_per_s"`
-	Ratio    float64 `json:"ratio_to_baseline"`
-	P50Micro int64   `json:"p50_us"`
-	P99Micro int64   `json:"p99_us"`
+	Suite   string  `json:"suite"`
+	Variant string  `json:"variant"`
+	Dups    float64 `json:"duplicate_share"`
+	// RTTMicro is the round-trip time added in front of the servers (-rtt),
+	// MeasuredRTTMicro what a SELECT 1 measured it to add.
+	RTTMicro         int64   `json:"rtt_us"`
+	MeasuredRTTMicro int64   `json:"measured_rtt_us"`
+	Workers          int     `json:"workers"`
+	OpsPerS          float64 `json:"ops_per_s"`
+	// RatioToBare is the ratio to the suite's bare transaction, with its
+	// smallest and largest round; Ratio is to the suite's baseline (its
+	// first variant, the Redis recipe in the redis suite).
+	RatioToBare float64 `json:"ratio_to_bare"`
+	RatioMin    float64 `json:"ratio_min"`
+	RatioMax    float64 `json:"ratio_max"`
+	Ratio       float64 `json:"ratio_to_baseline"`
+	P50Ms       float64 `json:"p50_ms"`
+	P99Ms       float64 `json:"p99_ms"`
+	Rounds      int     `json:"rounds"`
+	// ClientCPUMicro and ProxyCPUMicro are the bench's and the delay
+	// proxies' CPU time per operation.
+	ClientCPUMicro float64 `json:"client_cpu_us_per_op"`
+	ProxyCPUMicro  float64 `json:"proxy_cpu_us_per_op"`
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 
 var (
 	resultsMu sync.Mutex
@@ -202,4 +220,99 @@ func abs(v int) int {
 func label(img *image.RGBA, x, y int, s string, c color.Color) {
 	d := &font.Drawer{Dst: img, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
 	d.DrawString(s)
+}
+
+// latencySeries are the lines of the latency chart: a suite's variant,
+// drawn as its ratio to the suite's bare transaction.
+var latencySeries = []struct{ suite, variant, label string }{
+	{"core", "bare", "bare transaction"},
+	{"core", "Do", "Do"},
+	{"core", "WithIdempotency", "WithIdempotency"},
+	{"http", "middleware", "middleware (vs bare handler)"},
+	{"redis", "redis recipe", "Redis recipe"},
+}
+
+// writeLatencyChart draws, for each worker count, the ratio to a bare
+// transaction of bare, Do, WithIdempotency, the middleware and the Redis
+// recipe against the added round-trip time (duplicates 0), as a PNG.
+func writeLatencyChart(path string) error {
+	var rtts []int64
+	var workers []int
+	for _, r := range results {
+		if r.Dups != 0 {
+			continue
+		}
+		if !slices.Contains(rtts, r.RTTMicro) {
+			rtts = append(rtts, r.RTTMicro)
+		}
+		if !slices.Contains(workers, r.Workers) {
+			workers = append(workers, r.Workers)
+		}
+	}
+	if len(rtts) < 2 {
+		return fmt.Errorf("-chart: the latency chart needs results at two round-trip times or more")
+	}
+	slices.Sort(rtts)
+	slices.Sort(workers)
+	const panelW, h, left, gap, top, bottom, legend = 300, 460, 60, 30, 50, 70, 230
+	w := left + len(workers)*(panelW+gap) + legend
+	img := image.NewRGBA(image.Rect(0, 0, w, h))
+	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
+	grey := color.RGBA{210, 210, 210, 255}
+	black := color.RGBA{0, 0, 0, 255}
+	palette := []color.RGBA{{90, 90, 90, 255}, {31, 119, 180, 255}, {44, 160, 44, 255}, {255, 127, 14, 255}, {214, 39, 40, 255}}
+	const maxY = 1.2
+	yOf := func(y float64) int { return h - bottom - int(y/maxY*float64(h-top-bottom)) }
+	label(img, 8, 20, "throughput as a ratio to a bare transaction, against the round-trip time added in front of PostgreSQL and Redis", black)
+	for pi, wk := range workers {
+		x0 := left + pi*(panelW+gap)
+		xOf := func(i int) int { return x0 + 20 + i*(panelW-40)/max(len(rtts)-1, 1) }
+		line(img, x0, h-bottom, x0+panelW, h-bottom, black)
+		line(img, x0, top, x0, h-bottom, black)
+		for y := 0.0; y <= maxY+1e-9; y += 0.2 {
+			line(img, x0, yOf(y), x0+panelW, yOf(y), grey)
+			if pi == 0 {
+				label(img, 20, yOf(y)+4, fmt.Sprintf("%.1f", y), black)
+			}
+		}
+		for i, rtt := range rtts {
+			text := "loopback"
+			if rtt > 0 {
+				text = (time.Duration(rtt) * time.Microsecond).String()
+			}
+			label(img, xOf(i)-len(text)*3, h-bottom+18, text, black)
+		}
+		label(img, x0+panelW/2-40, h-bottom+40, fmt.Sprintf("%d worker(s)", wk), black)
+		for si, s := range latencySeries {
+			c := palette[si%len(palette)]
+			prev := -1
+			var prevY int
+			for i, rtt := range rtts {
+				j := slices.IndexFunc(results, func(r result) bool {
+					return r.Suite == s.suite && r.Variant == s.variant && r.Workers == wk && r.RTTMicro == rtt && r.Dups == 0
+				})
+				if j < 0 {
+					continue
+				}
+				y := yOf(math.Min(results[j].RatioToBare, maxY))
+				dot(img, xOf(i), y, c)
+				if prev >= 0 {
+					line(img, xOf(prev), prevY, xOf(i), y, c)
+				}
+				prev, prevY = i, y
+			}
+		}
+	}
+	lx := left + len(workers)*(panelW+gap)
+	for si, s := range latencySeries {
+		c := palette[si%len(palette)]
+		line(img, lx, top+22*si+6, lx+20, top+22*si+6, c)
+		label(img, lx+26, top+22*si+10, s.label, c)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return png.Encode(f, img)
 }

@@ -23,7 +23,8 @@ var (
 )
 
 func setupTransition(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, `CREATE TABLE idem_bench.payments (id bigint PRIMARY KEY, status text NOT NULL, paid_at timestamptz);
+	nextOrder.Store(0) // fresh rows again for each -rtt
+	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS idem_bench.payments; CREATE TABLE idem_bench.payments (id bigint PRIMARY KEY, status text NOT NULL, paid_at timestamptz);
 		INSERT INTO idem_bench.payments (id, status) SELECT g, 'PENDING' FROM generate_series(1, `+strconv.FormatInt(transitionRows, 10)+`) g`); err != nil {
 		return err
 	}

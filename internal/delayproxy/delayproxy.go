@@ -6,16 +6,22 @@
 // it; it is never part of the library.
 //
 // Go's timers wake a sleeping process no sooner than about a millisecond
-// late on Linux, so the delays are slept with nanosleep(2) on the
-// forwarding goroutine's thread, which keeps them within tens of
-// microseconds. Measure what a proxy really adds (MeasureRTT) rather than
-// trusting the setting.
+// late on Linux, so one goroutine per proxy, on a thread of its own, sleeps
+// with nanosleep(2), which keeps the delays within tens of microseconds, and
+// writes out every chunk that has come due. Every chunk is delayed by the
+// same time, so the chunks come due in the order they arrived: one queue
+// holds them all, and one wake-up releases all that are due, which keeps
+// the proxy's own CPU low (the bench reports it). A write that blocks (a
+// peer that stops reading) holds up the whole proxy: it is a benchmarking
+// tool for small requests, not a general proxy. Measure what a proxy really
+// adds (MeasureRTT) rather than trusting the setting.
 package delayproxy
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"syscall"
@@ -31,6 +37,12 @@ type Proxy struct {
 	mu     sync.Mutex
 	open   map[net.Conn]struct{}
 	closed bool
+
+	// The delay line: chunks in arrival order, written out by run.
+	qmu   sync.Mutex
+	queue []chunk
+	wake  chan struct{} // a chunk was queued to an empty line
+	done  chan struct{} // Close was called
 }
 
 // New starts a proxy on a free loopback port that forwards to target (a
@@ -43,8 +55,10 @@ func New(target string, rtt time.Duration) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("delayproxy: %w", err)
 	}
-	p := &Proxy{ln: ln, target: target, oneWay: rtt / 2, open: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, oneWay: rtt / 2, open: map[net.Conn]struct{}{},
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	p.wg.Go(p.serve)
+	p.wg.Go(p.run)
 	return p, nil
 }
 
@@ -55,6 +69,9 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // goroutines.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.done)
+	}
 	p.closed = true
 	for c := range p.open {
 		_ = c.Close()
@@ -120,42 +137,83 @@ func noDelay(c net.Conn) {
 	}
 }
 
-// chunk is what one read returned, and when it may be written on.
+// chunk is what one read returned, where it goes, and when it may go.
 type chunk struct {
+	dst  net.Conn
 	data []byte
 	due  time.Time
 }
 
-// pipe copies src to dst through a delay line: a reader stamps each chunk
-// with its arrival, a writer sends it on one way's delay later. When either
-// side ends, both connections are closed.
+// pipe reads src into the delay line, bound for dst. When src ends, both
+// connections are closed once what was read before has been written.
 func (p *Proxy) pipe(dst, src net.Conn) {
-	line := make(chan chunk, 4096)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(line)
-		for {
-			buf := make([]byte, 32<<10)
-			n, err := src.Read(buf)
-			if n > 0 {
-				line <- chunk{data: buf[:n], due: time.Now().Add(p.oneWay)}
-			}
-			if err != nil {
+	for {
+		buf := make([]byte, 32<<10)
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.push(chunk{dst: dst, data: buf[:n], due: time.Now().Add(p.oneWay)})
+		}
+		if err != nil {
+			p.push(chunk{dst: dst, due: time.Now().Add(p.oneWay)}) // nil data: close
+			_ = src.Close()
+			return
+		}
+	}
+}
+
+func (p *Proxy) push(c chunk) {
+	p.qmu.Lock()
+	p.queue = append(p.queue, c)
+	first := len(p.queue) == 1
+	p.qmu.Unlock()
+	if first {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run writes the chunks out as they come due, on a thread of its own.
+func (p *Proxy) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var due []chunk
+	for {
+		p.qmu.Lock()
+		if len(p.queue) == 0 {
+			p.qmu.Unlock()
+			select {
+			case <-p.wake:
+				continue
+			case <-p.done:
 				return
 			}
 		}
-	})
-	for c := range line {
-		sleepUntil(c.due)
-		if _, err := dst.Write(c.data); err != nil {
-			break
+		head := p.queue[0].due
+		p.qmu.Unlock()
+		sleepUntil(head)
+		// Release everything due by now, in order.
+		now := time.Now()
+		p.qmu.Lock()
+		i := 0
+		for i < len(p.queue) && !p.queue[i].due.After(now) {
+			i++
 		}
+		due = append(due[:0], p.queue[:i]...)
+		p.queue = append(p.queue[:0], p.queue[i:]...)
+		p.qmu.Unlock()
+		for _, c := range due {
+			if c.data == nil {
+				_ = c.dst.Close()
+				continue
+			}
+			if _, err := c.dst.Write(c.data); err != nil {
+				_ = c.dst.Close()
+			}
+		}
+		clear(due)
 	}
-	_ = dst.Close()
-	_ = src.Close()
-	for range line { // let the reader finish
-	}
-	wg.Wait()
 }
 
 // sleepUntil sleeps until t with nanosleep(2), which blocks this
