@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +38,9 @@ func runProxyChild(spec string) error {
 	if !ok || err != nil {
 		return fmt.Errorf("%s: want target|rtt, got %q", proxyEnv, spec)
 	}
+	// The proxy's sleeping thread keeps its P (see delayproxy): one more
+	// for the goroutines that read and write.
+	runtime.GOMAXPROCS(runtime.NumCPU() + 1)
 	p, err := delayproxy.New(target, rtt)
 	if err != nil {
 		return err

@@ -7,7 +7,8 @@
 //
 // Go's timers wake a sleeping process no sooner than about a millisecond
 // late on Linux, so one goroutine per proxy, on a thread of its own, sleeps
-// with nanosleep(2), which keeps the delays within tens of microseconds, and
+// with a raw nanosleep(2), which keeps the delays within tens of
+// microseconds, and
 // writes out every chunk that has come due. Every chunk is delayed by the
 // same time, so the chunks come due in the order they arrived: one queue
 // holds them all, and one wake-up releases all that are due, which keeps
@@ -18,6 +19,7 @@
 package delayproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -26,6 +28,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // Proxy forwards connections to one target, delaying both directions.
@@ -147,11 +150,11 @@ type chunk struct {
 // pipe reads src into the delay line, bound for dst. When src ends, both
 // connections are closed once what was read before has been written.
 func (p *Proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 64<<10)
 	for {
-		buf := make([]byte, 32<<10)
 		n, err := src.Read(buf)
 		if n > 0 {
-			p.push(chunk{dst: dst, data: buf[:n], due: time.Now().Add(p.oneWay)})
+			p.push(chunk{dst: dst, data: bytes.Clone(buf[:n]), due: time.Now().Add(p.oneWay)})
 		}
 		if err != nil {
 			p.push(chunk{dst: dst, due: time.Now().Add(p.oneWay)}) // nil data: close
@@ -216,8 +219,13 @@ func (p *Proxy) run() {
 	}
 }
 
-// sleepUntil sleeps until t with nanosleep(2), which blocks this
-// goroutine's thread with far finer resolution than a Go timer.
+// sleepUntil sleeps until t with nanosleep(2), which has far finer
+// resolution than a Go timer. It is a raw system call: the runtime does not
+// hand this thread's P to another thread while it sleeps (a sleep is shorter
+// than the scheduler's time slice), which would cost two thread switches per
+// wake-up; New's callers should leave a P free for the other goroutines
+// (GOMAXPROCS of 2 or more). A preemption signal interrupts the sleep
+// (EINTR) and it resumes.
 func sleepUntil(t time.Time) {
 	for {
 		d := time.Until(t)
@@ -225,7 +233,8 @@ func sleepUntil(t time.Time) {
 			return
 		}
 		ts := syscall.NsecToTimespec(int64(d))
-		if err := syscall.Nanosleep(&ts, nil); err != nil && !errors.Is(err, syscall.EINTR) {
+		_, _, errno := syscall.RawSyscall(syscall.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
+		if errno != 0 && errno != syscall.EINTR {
 			return
 		}
 	}
