@@ -61,22 +61,24 @@ type claimStep struct {
 	// inserting one: undoing the execution must put that record back.
 	changes bool
 	// noWait reports a no-wait claim: it fails with SQLSTATE 55P03 when the
-	// key's holder does not finish within noWaitLockTimeout, and returns a
-	// second column, the lock_timeout it put back.
+	// key's holder does not finish within noWaitLockTimeout.
 	noWait bool
+	// extra is the number of columns the statement returns after attempt
+	// (the settings it put in place), which are not read.
+	extra int
+	// bounds reports that the statement applies the hold timeout itself.
+	bounds bool
 }
 
 // scan reads the step's row into attempt, left nil when the statement
 // claimed nothing.
 func (st *claimStep) scan(attempt **int32) func(pgx.Row) error {
 	return func(r pgx.Row) error {
-		var err error
-		if st.noWait {
-			var restored string
-			err = r.Scan(attempt, &restored)
-		} else {
-			err = r.Scan(attempt)
+		dst := []any{attempt}
+		for range st.extra {
+			dst = append(dst, new(any))
 		}
+		err := r.Scan(dst...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -86,6 +88,9 @@ func (st *claimStep) scan(attempt **int32) func(pgx.Row) error {
 
 // claimStrategy runs the steps of the claim in one kind of transaction.
 type claimStrategy interface {
+	// first is the claim the call starts with, for its options and the
+	// claim's arguments (scope, key, fingerprint, TTL).
+	first(cfg *config, args []any) *claimStep
 	// open runs st, opening what holds the execution: savepoints (inTx) or
 	// the transaction (ownTx). When st claimed nothing, what it opened
 	// stays open for read.
@@ -101,15 +106,7 @@ type claimStrategy interface {
 func claimKey(ctx context.Context, s claimStrategy, key Key, cfg *config) (record, error) {
 	q := cfg.q
 	args := []any{key.Scope, key.ID, nonNilFingerprint(key.Fingerprint), cfg.ttl.Microseconds()}
-	claim := &claimStep{sql: q.claim, args: args, changes: cfg.requireIssued, noWait: cfg.noWait}
-	switch {
-	case cfg.noWait && cfg.requireIssued:
-		claim.sql = q.claimIssuedNoWait
-	case cfg.noWait:
-		claim.sql = q.claimNoWait
-	case cfg.requireIssued:
-		claim.sql = q.claimIssued
-	}
+	claim := s.first(cfg, args)
 	st := claim
 	for range maxClaimTries {
 		attempt, err := s.open(ctx, st)
@@ -170,6 +167,21 @@ type inTx struct {
 	// held (WithHoldTimeout) keeps the settings the bound replaced, put
 	// back by the completion.
 	held *heldSettings
+}
+
+// first is the claim in a savepoint; a no-wait claim returns the
+// lock_timeout it put back.
+func (c *inTx) first(cfg *config, args []any) *claimStep {
+	st := &claimStep{sql: c.q.claim, args: args, changes: cfg.requireIssued, noWait: cfg.noWait}
+	switch {
+	case cfg.noWait && cfg.requireIssued:
+		st.sql, st.extra = c.q.claimIssuedNoWait, 1
+	case cfg.noWait:
+		st.sql, st.extra = c.q.claimNoWait, 1
+	case cfg.requireIssued:
+		st.sql = c.q.claimIssued
+	}
+	return st
 }
 
 func (c *inTx) open(ctx context.Context, st *claimStep) (*int32, error) {
@@ -294,12 +306,34 @@ type ownTx struct {
 	tx   pgx.Tx
 }
 
+// first is the claim of Do's own transaction, which puts back the
+// caller's lock_timeout (no-wait) and applies the hold timeout in its own
+// RETURNING, for a claimed row only: a claim that claims nothing ends the
+// transaction.
+func (c *ownTx) first(cfg *config, args []any) *claimStep {
+	st := &claimStep{args: args, noWait: cfg.noWait, bounds: c.hold > 0}
+	var issued, noWait, bounded int
+	if cfg.requireIssued {
+		issued = 1
+	}
+	if st.noWait {
+		noWait, st.extra = 1, 1
+	}
+	if st.bounds {
+		bounded = 1
+		st.extra++
+		st.args = append(args[:4:4], holdMillis(c.hold))
+	}
+	st.sql = c.q.ownClaims[issued][noWait][bounded]
+	return st
+}
+
 func (c *ownTx) open(ctx context.Context, st *claimStep) (*int32, error) {
 	var attempt *int32
 	b := &pgx.Batch{}
 	b.BeginTx(c.opts)
 	b.Queue(st.sql, st.args...).QueryRow(st.scan(&attempt))
-	if c.hold > 0 {
+	if c.hold > 0 && !st.bounds {
 		b.Queue(holdSet, holdMillis(c.hold))
 	}
 	br := c.conn.SendBatch(ctx, b)

@@ -64,12 +64,18 @@ func holdMillis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// holdSet lowers both settings to $1 milliseconds for the rest of the
-// transaction, keeping a value that is already lower (0 means none).
-const holdSet = `SELECT set_config(g.name,
-	CASE WHEN g.cur = interval '0' OR g.cur > $1::bigint * interval '1 ms' THEN $1::text ELSE g.setting END, true)
+// holdBound is an expression that lowers both settings to ms milliseconds
+// (a parameter) for the rest of the transaction, keeping a value that is
+// already lower (0 means none). It counts the settings it went through, 2.
+func holdBound(ms string) string {
+	return `(SELECT count(set_config(g.name,
+	CASE WHEN g.cur = interval '0' OR g.cur > ` + ms + `::bigint * interval '1 ms' THEN ` + ms + `::text ELSE g.setting END, true))
 FROM (SELECT v.name, current_setting(v.name) AS setting, current_setting(v.name)::interval AS cur
-	FROM (VALUES ('idle_in_transaction_session_timeout'), ('statement_timeout')) AS v(name)) AS g`
+	FROM (VALUES ('idle_in_transaction_session_timeout'), ('statement_timeout')) AS v(name)) AS g)`
+}
+
+// holdSet is holdBound as a statement of its own, of $1 milliseconds.
+var holdSet = `SELECT ` + holdBound("$1")
 
 // holdRead reads the values holdSet replaces, so that WithIdempotency can put
 // them back (holdRestore).

@@ -84,9 +84,17 @@ type queries struct {
 	// release deletes a processing record whose fn failed.
 	release string
 	// claimNoWait and claimIssuedNoWait are claim and claimIssued for
-	// no-wait mode: one statement that gives the claim a lock_timeout of
-	// noWaitLockTimeout and puts the previous value back when it ends.
+	// no-wait mode in a caller's transaction: one statement that gives the
+	// claim a lock_timeout of noWaitLockTimeout and puts the previous value
+	// back when it ends (see noWait).
 	claimNoWait, claimIssuedNoWait string
+	// ownClaims are the claims of Do's own transaction, indexed by
+	// [issued][noWait][bounded]. What must follow a claim that succeeded
+	// goes in its RETURNING, evaluated for the claimed row: the caller's
+	// lock_timeout put back (no-wait), and the hold timeout's bound of $5
+	// milliseconds (bounded). A claim that claims nothing returns no row and
+	// sets nothing; Do then rolls its transaction back.
+	ownClaims [2][2][2]string
 }
 
 // noWaitLockTimeout is the lock_timeout under which a no-wait claim gives up
@@ -95,6 +103,14 @@ type queries struct {
 // the key (extending the table under concurrent inserts), and a 1ms timeout
 // turned those into spurious ErrInProgress answers for new keys.
 const noWaitLockTimeout = "50ms"
+
+// noWaitPrev begins a no-wait claim: it lowers lock_timeout to
+// noWaitLockTimeout for the rest of the transaction and keeps the caller's
+// value in idem_prev, which the claim reads its values from, so that the
+// setting is in place before the claim runs.
+const noWaitPrev = `WITH idem_prev AS MATERIALIZED (
+	SELECT current_setting('lock_timeout') AS idem_lock_timeout,
+		set_config('lock_timeout', '` + noWaitLockTimeout + `', true) AS idem_claim_timeout)`
 
 // noWait wraps a claim (an INSERT or UPDATE that reads its values from
 // idem_prev and returns attempt) into one statement that runs it under a
@@ -117,9 +133,7 @@ const noWaitLockTimeout = "50ms"
 // statement takes before it runs is waited for under the caller's
 // lock_timeout.
 func noWait(claim string) string {
-	return `WITH idem_prev AS MATERIALIZED (
-	SELECT current_setting('lock_timeout') AS idem_lock_timeout,
-		set_config('lock_timeout', '` + noWaitLockTimeout + `', true) AS idem_claim_timeout),
+	return noWaitPrev + `,
 idem_claim AS (
 ` + claim + `)
 SELECT c.attempt, set_config('lock_timeout', (SELECT idem_lock_timeout FROM idem_prev), true)
@@ -186,21 +200,46 @@ func buildQueries(t string) *queries {
 	// takeable mirrors record.takeable.
 	const takeable = `((locked_until IS NULL OR locked_until <= clock_timestamp())
 	AND (expires_at <= clock_timestamp() OR status IN ('issued', 'processing')))`
-	// The claims, with the clause that makes the no-wait form read its
-	// values from idem_prev (see noWait).
-	const claimReturning = `RETURNING attempt`
-	claim := func(from string) string {
+	// The claims, with the clause that makes the no-wait forms read their
+	// values from idem_prev (see noWait), and what they return.
+	claimWith := func(from, returning string) string {
 		return `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
 	SELECT $1::text, $2::text, $3::bytea, 'processing', 1, now(), now(), ` + ttlExpr + from + `
 	ON CONFLICT (scope, key) DO NOTHING
-	` + claimReturning
+	` + returning
 	}
-	claimIssued := func(from string) string {
+	claimIssuedWith := func(from, returning string) string {
 		return `UPDATE ` + t + ` SET ` + takeoverSet + from + `
 WHERE scope = $1 AND key = $2 AND status = 'issued' AND expires_at > clock_timestamp()
-` + claimReturning
+` + returning
+	}
+	claim := func(from string) string { return claimWith(from, `RETURNING attempt`) }
+	claimIssued := func(from string) string { return claimIssuedWith(from, `RETURNING attempt`) }
+	var own [2][2][2]string
+	for issued := range 2 {
+		for nowait := range 2 {
+			for bounded := range 2 {
+				from, returning := "", `RETURNING attempt`
+				if nowait == 1 {
+					from = " FROM idem_prev"
+					returning += `, set_config('lock_timeout', (SELECT idem_lock_timeout FROM idem_prev), true)`
+				}
+				if bounded == 1 {
+					returning += ", " + holdBound("$5")
+				}
+				q := claimWith(from, returning)
+				if issued == 1 {
+					q = claimIssuedWith(from, returning)
+				}
+				if nowait == 1 {
+					q = noWaitPrev + "\n" + q
+				}
+				own[issued][nowait][bounded] = q
+			}
+		}
 	}
 	return &queries{
+		ownClaims:         own,
 		table:             t,
 		claim:             claim(""),
 		claimNoWait:       noWait(claim(" FROM idem_prev")),

@@ -47,9 +47,11 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 			_ = tx.Commit(r.Context())
 		}
 	}))
-	// The handler calling idem.Do itself, with the header's key and no
-	// fingerprint, recorder or problem responses: what the record costs an
-	// HTTP request, the floor under any middleware.
+	// The handler calling idem.Do itself, with the header's key and the
+	// middleware's defaults (NoWait: a duplicate in flight is answered at
+	// once; a one-minute hold timeout), but no fingerprint, recorder or
+	// problem responses: what the record costs an HTTP request, the floor
+	// under any middleware.
 	doServer = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, err := idemhttp.ParseKey(r.Header)
 		if err != nil {
@@ -58,7 +60,7 @@ func setupHTTP(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		res, err := idem.Do(r.Context(), pool, idem.Key{Scope: "bench-do", ID: key}, func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			return insertRow(ctx, tx)
-		}, tableOpt)
+		}, tableOpt, idem.NoWait(), idem.WithHoldTimeout(idemhttp.DefaultHoldTimeout))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

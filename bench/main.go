@@ -18,8 +18,9 @@
 //
 //	core        one INSERT per operation, every key new:
 //	            bare             BEGIN; INSERT; COMMIT with pgx, one statement per round trip
-//	            sql-model        Do's five statements, pipelined as Do sends them, hand-written
-//	                             with pgx and no library logic: what the record costs the database
+//	            sql-model        Do's five statements (its own claim and completion), pipelined
+//	                             as Do sends them, hand-written with pgx and no library logic:
+//	                             what the record costs the database
 //	            Do               idem.Do: BEGIN+claim pipelined, INSERT, completion+COMMIT pipelined
 //	            Do, WithHoldTimeout  the same with a hold timeout
 //	            WithIdempotency  BEGIN; idem.WithIdempotency (claim, savepoint, INSERT, completion); COMMIT
@@ -153,6 +154,10 @@ var coreVariants = []variant{
 	}},
 	{"Do, WithHoldTimeout", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt, idem.WithHoldTimeout(time.Minute))
+		return err
+	}},
+	{"Do, NoWait", func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+		_, err := idem.Do(ctx, pool, key, insertRow, tableOpt, idem.NoWait())
 		return err
 	}},
 	{"WithIdempotency", withIdempotencyInsert},

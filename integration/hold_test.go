@@ -380,3 +380,70 @@ func TestHoldTimeoutDoesNotBoundTheWait(t *testing.T) {
 	require.True(t, res.Replayed)
 	require.Equal(t, "holder", res.Value)
 }
+
+// Do's own claim puts the connection's lock_timeout back (NoWait) and
+// applies the hold timeout in the claim statement itself: fn sees the
+// session's lock_timeout and the bound, on a first claim, on a takeover of
+// an expired record and with a token, and the connection keeps its own
+// values afterwards.
+func TestDoClaimSettings(t *testing.T) {
+	ctx := context.Background()
+	pgtest.SkipViaPgBouncer(t, "lock_timeout is a startup parameter here, which PgBouncer does not pass on")
+	pool := pgtest.Pool(t, func(c *pgxpool.Config) {
+		c.MaxConns = 1
+		c.ConnConfig.RuntimeParams["lock_timeout"] = "7s"
+	})
+	s := pgtest.NewSchema(t, pool)
+	type settings struct{ lock, statement, idle string }
+	read := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) settings {
+		var v settings
+		require.NoError(t, q.QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+			current_setting('idle_in_transaction_session_timeout')`).Scan(&v.lock, &v.statement, &v.idle))
+		return v
+	}
+	base := read(pool)
+	require.Equal(t, "7s", base.lock)
+	for _, tc := range []struct {
+		name string
+		opts []idem.DoOption
+		want settings
+	}{
+		{"NoWait", []idem.DoOption{idem.NoWait()}, base},
+		{"WithHoldTimeout", []idem.DoOption{idem.WithHoldTimeout(3 * time.Second)}, settings{"7s", "3s", "3s"}},
+		{"NoWait and WithHoldTimeout", []idem.DoOption{idem.NoWait(), idem.WithHoldTimeout(3 * time.Second)}, settings{"7s", "3s", "3s"}},
+		{"NoWait, WithHoldTimeout and RequireIssued", []idem.DoOption{idem.NoWait(), idem.WithHoldTimeout(3 * time.Second), idem.RequireIssued()}, settings{"7s", "3s", "3s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := idem.Key{Scope: "s", ID: strings.ReplaceAll(tc.name, " ", "-")}
+			if strings.Contains(tc.name, "RequireIssued") {
+				token, err := idem.IssueToken(ctx, pool, key.Scope, time.Hour, s.Opt)
+				require.NoError(t, err)
+				key.ID = token
+			}
+			opts := append([]idem.DoOption{s.Opt}, tc.opts...)
+			var in settings
+			fn := func(ctx context.Context, tx pgx.Tx) (int, error) { in = read(tx); return 1, nil }
+			res, err := idem.Do(ctx, pool, key, fn, opts...)
+			require.NoError(t, err)
+			require.False(t, res.Replayed)
+			require.Equal(t, tc.want, in, "inside fn, first claim")
+			require.Equal(t, base, read(pool), "the connection afterwards")
+
+			// A takeover of the expired record goes by another statement.
+			expireRecord(t, pool, s, key)
+			in = settings{}
+			res, err = idem.Do(ctx, pool, key, fn, opts...)
+			if strings.Contains(tc.name, "RequireIssued") {
+				// An expired token is refused, not taken over.
+				require.ErrorIs(t, err, idem.ErrTokenExpired)
+				return
+			}
+			require.NoError(t, err)
+			require.False(t, res.Replayed)
+			require.Equal(t, tc.want, in, "inside fn, takeover")
+			require.Equal(t, base, read(pool), "the connection afterwards")
+		})
+	}
+}
