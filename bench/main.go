@@ -240,6 +240,7 @@ func main() {
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	dupsFlag := flag.String("dups", "0", "comma-separated shares of duplicate requests for the core, transition, inbox and http suites, e.g. 0,0.5,0.9")
 	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
+	replot := flag.String("replot", "", "draw -chart from this JSON file of an earlier run (-json) instead of measuring")
 	chartOut := flag.String("chart", "", "also draw a chart to this PNG file: with one -rtt, the core suite's throughput against workers (duplicates 0); with several, the ratio to a bare transaction against the added round-trip time")
 	rttFlag := flag.String("rtt", "0", "comma-separated round-trip times to add in front of PostgreSQL and Redis through a delay proxy on 127.0.0.1, e.g. 0,200us,1ms (0: none)")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
@@ -287,6 +288,13 @@ func main() {
 		dupShares = append(dupShares, d)
 	}
 	jsonPath, chartPath = *jsonOut, *chartOut
+	if *replot != "" {
+		if err := replotChart(*replot, *chartOut); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*workersFlag, *suitesFlag, rtts, *rounds, *duration, *warmup, *markdown); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
