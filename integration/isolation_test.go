@@ -133,9 +133,21 @@ func TestIsolationLevelsDoRetriesConflicts(t *testing.T) {
 			opts := []idem.DoOption{s.Opt, idem.WithTxOptions(pgx.TxOptions{IsoLevel: iso})}
 
 			var runs atomic.Int64
+			// The first execution of each key holds it until another caller
+			// is seen waiting for a key's holder: at least one caller then
+			// waits on a transaction that commits after its snapshot was
+			// taken, which above READ COMMITTED is a serialization failure
+			// for Do to retry, however the scheduler orders the callers.
+			direct := pgtest.Direct(t)
+			var held sync.Map
 			fn := func(key idem.Key) func(context.Context, pgx.Tx) (string, error) {
 				return func(ctx context.Context, tx pgx.Tx) (string, error) {
 					n := runs.Add(1)
+					if _, again := held.LoadOrStore(key.ID, true); !again {
+						if err := awaitBackend(ctx, direct, "wait_event_type = 'Lock'", "ON CONFLICT (scope, key) DO NOTHING"); err != nil {
+							return "", err
+						}
+					}
 					// Hold the key for a few milliseconds, so that the
 					// other callers of the key queue up behind it.
 					var seen int
@@ -196,8 +208,9 @@ func TestIsolationLevelsDoRetriesConflicts(t *testing.T) {
 				require.Zero(t, conflicts.n.Load(), "READ COMMITTED raised serialization failures")
 			}
 			if iso == pgx.Serializable {
-				// The workload is built to conflict: without a retried
-				// 40001 the test would not have exercised Do's retries.
+				// The workload is built to conflict (see held): without a
+				// retried 40001 the test would not have exercised Do's
+				// retries.
 				require.Positive(t, conflicts.n.Load(), "no serialization failure to retry at SERIALIZABLE")
 			}
 			t.Logf("%s: %d callers x %d keys: fn ran %d times for %d keys, %d statements or batches failed with 40001/40P01 and were retried by Do",
