@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -71,39 +69,8 @@ var shapeVariants = func() []variant {
 	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = 1`
 		}
 		vs = append(vs, variant{s.name, func(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-			return shapeTx(ctx, pool, claim, complete, key)
+			return modelTx(ctx, pool, claim, complete, key)
 		}})
 	}
 	return vs
 }()
-
-// shapeTx is sqlModel with the claim and completion given.
-func shapeTx(ctx context.Context, pool *pgxpool.Pool, claim, complete string, key idem.Key) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(claim, key.Scope, key.ID)
-	br := conn.SendBatch(ctx, b)
-	tx := br.Tx()
-	if err := br.Close(); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	id, err := insertRow(ctx, tx)
-	if err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	b = &pgx.Batch{}
-	b.Queue(complete, key.Scope, key.ID, []byte(strconv.FormatInt(id, 10)))
-	b.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	return nil
-}
