@@ -189,11 +189,7 @@ func openLatency(ctx context.Context, databaseURL string, rtt time.Duration, wit
 		return nil, err
 	}
 	l.proxies = append(l.proxies, pg)
-	l.pgURL, err = withHostPort(databaseURL, cfg, pg.addr)
-	if err != nil {
-		l.close()
-		return nil, err
-	}
+	l.pgURL = withHostPort(cfg, pg.addr)
 	if withRedis {
 		rp, err := startProxy(l.redisAddr, rtt)
 		if err != nil {
@@ -218,15 +214,15 @@ func openLatency(ctx context.Context, databaseURL string, rtt time.Duration, wit
 	return l, nil
 }
 
-// withHostPort is databaseURL pointed at addr, over TCP without TLS.
-func withHostPort(databaseURL string, cfg *pgx.ConnConfig, addr string) (string, error) {
+// withHostPort is cfg's database URL pointed at addr, over TCP without TLS.
+func withHostPort(cfg *pgx.ConnConfig, addr string) string {
 	u := url.URL{Scheme: "postgres", Host: addr, Path: "/" + cfg.Database, RawQuery: "sslmode=disable"}
 	if cfg.Password != "" {
 		u.User = url.UserPassword(cfg.User, cfg.Password)
 	} else {
 		u.User = url.User(cfg.User)
 	}
-	return u.String(), nil
+	return u.String()
 }
 
 // pingPostgres is the median time of 200 SELECT 1 round trips on one
