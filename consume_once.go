@@ -30,9 +30,13 @@ func buildInboxQueries(t string) *inboxQueries {
 		table: t,
 		insert: `INSERT INTO ` + t + ` (consumer, message_id) VALUES ($1, $2)
 	ON CONFLICT (consumer, message_id) DO NOTHING RETURNING true`,
+		// purge checks the age again in the DELETE, as the record purge
+		// does: in a partitioned table one ctid names a row in every
+		// partition.
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM ` + t + ` WHERE consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
-	LIMIT $2 FOR UPDATE SKIP LOCKED))`,
+	LIMIT $2 FOR UPDATE SKIP LOCKED))
+	AND consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'`,
 	}
 }
 

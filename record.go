@@ -280,7 +280,10 @@ WHERE scope = $1 AND key = $2 AND status = 'issued' AND expires_at > clock_times
 		leaseRelease: `UPDATE ` + t + ` SET locked_until = clock_timestamp() - interval '1 microsecond', updated_at = now()
 	WHERE scope = $1 AND key = $2 AND status = 'processing' AND attempt = $3`,
 
-		// purge deletes a batch of purgeable records.
+		// purge deletes a batch of purgeable records. The DELETE checks the
+		// condition again: a row can change between the subquery's snapshot
+		// and the DELETE, and in a partitioned table one ctid names a row in
+		// every partition.
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM ` + t + ` WHERE ` + purgeable + `
 	LIMIT $1))
@@ -291,7 +294,8 @@ WHERE scope = $1 AND key = $2 AND status = 'issued' AND expires_at > clock_times
 		// it is the fallback, not the rule.
 		purgeSkipLocked: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM ` + t + ` WHERE ` + purgeable + `
-	LIMIT $1 FOR UPDATE SKIP LOCKED))`,
+	LIMIT $1 FOR UPDATE SKIP LOCKED))
+	AND ` + purgeable,
 
 		read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 

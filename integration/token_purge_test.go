@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -207,6 +208,85 @@ func TestPurge(t *testing.T) {
 	require.EqualValues(t, 30, n)
 	_, err = idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: -1}, s.Opt)
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
+}
+
+// In a hash-partitioned record or inbox table, one ctid names a row in every
+// partition. A purge that met a held row, and so deletes the rows it locked
+// by ctid, must delete those rows only: the live records and recent inbox
+// rows of the other partition, at the same ctids, stay.
+func TestPurgePartitionedTables(t *testing.T) {
+	pool := pgtest.Pool(t)
+	s := pgtest.NewSchema(t, pool)
+	ctx := context.Background()
+	q := func(name string) string { return pgx.Identifier{s.Name, name}.Sanitize() }
+	for _, p := range []struct{ table, like, column, key string }{
+		{"parted_records", idem.DefaultTable, "scope", "scope, key"},
+		{"parted_inbox", idem.DefaultInboxTable, "consumer", "consumer, message_id"},
+	} {
+		_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE %[2]s INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY HASH (%[3]s);
+			ALTER TABLE %[1]s ADD PRIMARY KEY (%[4]s);
+			CREATE TABLE %[5]s PARTITION OF %[1]s FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+			CREATE TABLE %[6]s PARTITION OF %[1]s FOR VALUES WITH (MODULUS 2, REMAINDER 1)`,
+			q(p.table), q(p.like), p.column, p.key, q(p.table+"_0"), q(p.table+"_1")))
+		require.NoError(t, err)
+	}
+	// Two values of the partition key that land in different partitions.
+	byPart := map[string]string{}
+	for i := 0; len(byPart) < 2; i++ {
+		require.Less(t, i, 64, "no two values in different partitions")
+		v := fmt.Sprintf("v%d", i)
+		var part string
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+q("parted_records")+` (scope, key, fingerprint, status, expires_at)
+			VALUES ($1, 'probe', '', 'succeeded', now()) RETURNING tableoid::regclass::text`, v).Scan(&part))
+		if _, ok := byPart[part]; !ok {
+			byPart[part] = v
+		}
+	}
+	old, live := byPart[s.Name+".parted_records_0"], byPart[s.Name+".parted_records_1"]
+	require.NotEmpty(t, old, "partitions: %v", byPart)
+	require.NotEmpty(t, live, "partitions: %v", byPart)
+	_, err := pool.Exec(ctx, `TRUNCATE `+q("parted_records"))
+	require.NoError(t, err)
+
+	// The first rows of each partition take the same ctids: (0,1), (0,2), ...
+	for _, r := range []struct{ scope, prefix, age string }{
+		{old, "old-", "- interval '1 minute'"}, {live, "live-", "+ interval '1 hour'"},
+	} {
+		_, err = pool.Exec(ctx, `INSERT INTO `+q("parted_records")+` (scope, key, fingerprint, status, response, expires_at)
+			SELECT $1::text, $2::text || g, '', 'succeeded', '1', clock_timestamp() `+r.age+` FROM generate_series(1, 4) g`, r.scope, r.prefix)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO `+q("parted_inbox")+` (consumer, message_id, consumed_at)
+			SELECT $1::text, 'm' || g, now() `+strings.Replace(r.age, "minute", "day", 1)+` FROM generate_series(1, 4) g`, r.scope)
+		require.NoError(t, err)
+	}
+	var sameCtids bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT array_agg(ctid ORDER BY ctid) FROM `+q("parted_records")+` WHERE scope = $1)::text =
+		(SELECT array_agg(ctid ORDER BY ctid) FROM `+q("parted_records")+` WHERE scope = $2)::text`, old, live).Scan(&sameCtids))
+	require.True(t, sameCtids, "the test needs both partitions' rows at the same ctids")
+
+	// Another transaction holds the first expired record, so the purge
+	// deletes by the ctids of the rows it locked.
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `SELECT FROM `+q("parted_records")+` WHERE scope = $1 AND key = 'old-1' FOR UPDATE`, old)
+	require.NoError(t, err)
+
+	n, err := idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: time.Hour},
+		idem.WithTable(s.Name, "parted_records"), idem.WithInboxTable(s.Name, "parted_inbox"))
+	require.NoError(t, err)
+	require.EqualValues(t, 3+4, n, "three expired records (one is held) and four old inbox rows")
+	left := func(table, column string) []string {
+		rows, err := pool.Query(ctx, `SELECT `+column+` || '/' || count(*) FROM `+q(table)+` GROUP BY `+column+` ORDER BY 1`)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return got
+	}
+	wantRecords := []string{old + "/1", live + "/4"}
+	slices.Sort(wantRecords)
+	require.Equal(t, wantRecords, left("parted_records", "scope"), "records left: the held one and the live ones")
+	require.Equal(t, []string{live + "/4"}, left("parted_inbox", "consumer"), "inbox rows left: the recent ones")
 }
 
 // RowsPerSecond spreads the batches: every row is still deleted, records and
