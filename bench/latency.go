@@ -184,6 +184,9 @@ func openLatency(ctx context.Context, databaseURL string, rtt time.Duration, wit
 	if err != nil {
 		return nil, err
 	}
+	if strings.HasPrefix(cfg.Host, "/") {
+		return nil, fmt.Errorf("-rtt puts a TCP proxy in front of PostgreSQL, which this connection reaches through the Unix socket in %s: set DATABASE_URL to its TCP address, e.g. postgres://postgres@127.0.0.1:5432/postgres", cfg.Host)
+	}
 	pg, err := startProxy(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), rtt)
 	if err != nil {
 		return nil, err
