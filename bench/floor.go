@@ -13,8 +13,7 @@ import (
 
 // The floor suite adds the record's SQL to a bare transaction one piece at a
 // time, hand-written with pgx and no library logic, so that a run shows which
-// piece costs what on the machine at hand, and how far below any of them a
-// target lies:
+// piece costs what on the machine at hand:
 //
 //	bare            BEGIN; INSERT; COMMIT
 //	+keyed insert   BEGIN and a plain INSERT of a (scope, key) row into a table

@@ -16,8 +16,8 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// The Redis recipe of scenario 000 (../shared/seeds), as a Go service would
-// write it, is the baseline that idem replaces:
+// The usual Redis recipe for a sign-up form, as a Go service would write
+// it, is the baseline that idem replaces:
 //
 //	SET idem:signup:{token} PROCESSING NX EX 300   claim the submission token
 //	  taken: GET it; PROCESSING -> "in progress", else GET {token}:resp and replay
@@ -27,8 +27,8 @@ import (
 //	SET biz key NX EX 86400; SET {token}:resp EX 86400; SET {token} DONE EX 86400
 //	on failure: DEL {token}                         release the claim
 //
-// The three SETs after the commit go in one pipeline (the scenario sends them
-// one by one), which favours the baseline.
+// The three SETs after the commit go in one pipeline (the recipe as usually
+// written sends them one by one), which favours the baseline.
 
 var (
 	redisClient *redis.Client

@@ -117,7 +117,7 @@ func runTableSizeSuite(ctx context.Context, pool *pgxpool.Pool, workers, rounds 
 	}
 
 	var t strings.Builder
-	fmt.Fprintf(&t, "tablesize: Do with random keys, %d workers, against record tables of each size, %d interleaved rounds (target at 10M: >= 0.8x empty)\n\n", workers, rounds)
+	fmt.Fprintf(&t, "tablesize: Do with random keys, %d workers, against record tables of each size, %d interleaved rounds\n\n", workers, rounds)
 	t.WriteString("| existing records | ops/s (median) | ratio to empty (median of rounds) | ratio range | p99 | table + indexes |\n|---:|---:|---:|---|---:|---:|\n")
 	for _, size := range sizes {
 		var bytes string
