@@ -1,32 +1,21 @@
-// Package idem makes writes happen once, using only the PostgreSQL an
+// Package idem makes writes happen exactly once, using only the PostgreSQL an
 // application already has.
 //
-// The claim on an idempotency key is a row of the record table
-// (idempotent_record, created by the migrations package) written in the same
-// transaction as the business write. PostgreSQL's unique index is the lock:
-// a second request with the key waits for the first transaction and then
-// replays its result, or runs if that transaction rolled back. When the
-// transaction commits, the result is recorded with the business write; when
-// it rolls back (an error, a panic, a cancelled context, a dead connection),
-// the claim is gone too. Nothing can half-happen, and there is no lock TTL to
-// tune.
+// A user double-clicks "Pay", a mobile client retries after a timeout, a
+// message queue redelivers: with idem each of those either replays the first
+// result or runs once, and never half-happens. The claim on an idempotency
+// key is a row of the record table (idempotent_record, created by package
+// [github.com/idemkit/idem/migrations]) written in the same transaction as the
+// business write. Its primary key is the lock: a second request with the key
+// waits for the first transaction and then replays its result, or runs if
+// that transaction rolled back. The result commits with the business rows,
+// and a dead client's transaction is rolled back by the server, so there is
+// no lock TTL to tune and no stuck key.
 //
-// Two entry points run a function once per Key:
+// # Running a function once per key
 //
-//   - WithIdempotency runs fn inside the caller's pgx.Tx, in a savepoint, and
-//     records the result in that transaction.
-//   - Do begins and commits a transaction of its own, pipelining BEGIN with
-//     the claim and the completion with COMMIT, and retries serialization
-//     failures.
-//
-// Duplicates get the first result back with Result.Replayed set. Results are
-// stored as JSON by default (WithCodec changes that); Permanent marks an
-// error as a business outcome to record and replay. A Key's Scope names its
-// owner (a user, a tenant), so one caller's key never replays another's
-// result; its Fingerprint detects a key reused for a different request
-// (ErrKeyReused).
-//
-// Basic use, in a handler that received an Idempotency-Key:
+// [Do] begins and commits a transaction of its own, sending BEGIN with the
+// claim and the completion with COMMIT, and retries serialization failures:
 //
 //	res, err := idem.Do(ctx, pool, idem.Key{Scope: userID, ID: idempotencyKey},
 //		func(ctx context.Context, tx pgx.Tx) (Receipt, error) {
@@ -39,30 +28,65 @@
 //	default: // res.Value, res.Replayed
 //	}
 //
-// Around that core:
+// [WithIdempotency] does the same inside the caller's pgx.Tx, running fn in
+// a savepoint. Duplicates get the first result back with Result.Replayed
+// set. Results are stored as JSON unless [WithCodec] says otherwise;
+// [Permanent] marks an error as an outcome to record and replay. A [Key]'s
+// Scope names its owner (a user, a tenant), so one caller's key never
+// replays another's result; its Fingerprint detects a key reused for a
+// different request ([ErrKeyReused]).
 //
-//   - Claim starts lease mode, for work outside a transaction (a payment
+// # Around that core
+//
+//   - [Claim] starts lease mode, for work outside a transaction (a payment
 //     gateway): a committed claim with a lease and a fencing token
-//     (Lease.Attempt), renewed by Extend or KeepAlive, resumable from a
-//     Checkpoint, finished by Complete inside the business transaction.
-//   - IssueToken and RequireIssued accept only keys the server handed out.
-//   - StateMachine moves business rows along allowed transitions with one
+//     ([Lease.Attempt]), renewed by [Lease.KeepAlive], resumable from a
+//     [Lease.Checkpoint], finished by [Lease.Complete] inside the business
+//     transaction.
+//   - [IssueToken] and [RequireIssued] accept only keys the server handed out.
+//   - [StateMachine] moves business rows along allowed transitions with one
 //     conditional UPDATE (PENDING → PAID), repeats being no-ops.
-//   - InsertOrGet creates a row once per business key and returns the
+//   - [InsertOrGet] creates a row once per business key and returns the
 //     existing one to duplicates.
-//   - ConsumeOnce processes a queue message once per consumer.
-//   - Purge and Purger delete expired records.
+//   - [ConsumeOnce] processes a queue message once per consumer.
+//   - [Purge] and [Purger] delete expired records; [Lookup], [Stuck] and
+//     [TableStats] look into the table; [WithHooks] reports every call.
 //
-// Options are scoped to the calls they apply to, so a meaningless one does
-// not compile: Do takes every DoOption (WithTxOptions, WithRetry, and the
-// rest); WithIdempotency takes Options (NoWait, WithHoldTimeout, and the
-// rest); Claim takes KeyOptions (WithTTL, WithCodec, WithMaxResultSize,
-// RequireIssued, WithHooks, and the table options); the calls that read or
-// maintain the tables take TableOptions (WithTable, WithInboxTable).
-//
-// The migrations package creates the tables; package idemhttp provides the
-// Idempotency-Key HTTP middleware and a retrying client transport. Every
+// Package [github.com/idemkit/idem/idemhttp] provides the Idempotency-Key
+// HTTP middleware and a client transport that retries with the same key;
+// package [github.com/idemkit/idem/idemsql] adapts database/sql. Every
 // decision about time (TTLs, leases) uses the database clock.
 //
-// The Example functions are programs that run against PostgreSQL.
+// # Options
+//
+// Options are scoped to the calls they apply to, so a meaningless one does
+// not compile: Do takes every [DoOption] ([WithTxOptions], [WithRetry], and
+// the rest); WithIdempotency takes [Option]s ([NoWait], [WithHoldTimeout],
+// and the rest); Claim takes [KeyOption]s ([WithTTL], [WithCodec],
+// [WithMaxResultSize], [RequireIssued], [WithHooks], and the table options);
+// the calls that read or maintain the tables take [TableOption]s
+// ([WithTable], [WithInboxTable]).
+//
+// # Examples
+//
+// The Example functions below run against PostgreSQL. The repository's
+// example programs show the whole chain:
+//
+//   - [examples/quickstart]: an activity launch, 500 users and about 2,000
+//     submissions with double clicks and retries, exactly one row per user;
+//   - [examples/payment]: lease mode against a gateway that rejects stale
+//     fencing tokens;
+//   - [examples/orders]: an order service with the HTTP middleware, a state
+//     machine and consume-once payment events;
+//   - [examples/signup] and [examples/lead]: web pages that make their key
+//     when they open and resend a pending submission.
+//
+// The README is the guide, and the docs directory holds the depth: HTTP,
+// operations, reliability, performance and scaling.
+//
+// [examples/quickstart]: https://github.com/idemkit/idem/tree/main/examples/quickstart
+// [examples/payment]: https://github.com/idemkit/idem/tree/main/examples/payment
+// [examples/orders]: https://github.com/idemkit/idem/tree/main/examples/orders
+// [examples/signup]: https://github.com/idemkit/idem/tree/main/examples/signup
+// [examples/lead]: https://github.com/idemkit/idem/tree/main/examples/lead
 package idem
