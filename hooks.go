@@ -55,7 +55,7 @@ type Event struct {
 	// Kind says what happened.
 	Kind EventKind
 	// Op is the entry point: "WithIdempotency", "Do", "Claim", "Extend",
-	// "Checkpoint", "Complete", "Fail", "Release" or "Purge".
+	// "KeepAlive", "Checkpoint", "Complete", "Fail", "Release" or "Purge".
 	Op string
 	// Key is the key concerned, zero for EventPurged. It holds the caller's
 	// key in clear: hash it before logging it (Key.LogValue does).

@@ -18,10 +18,9 @@ import (
 type PurgeParams struct {
 	// BatchSize is the number of rows one DELETE removes; each batch is its
 	// own statement, so its row locks are held for tens of milliseconds. It
-	// defaults to 10,000 (measured faster, and kinder to concurrent claims,
-	// than 1,000: see the README), or to 2,000 when RowsPerSecond is set,
-	// where smaller batches spread the load more evenly (measured: the
-	// claims' p99 rose less).
+	// defaults to 10,000, or to 2,000 when RowsPerSecond is set, where
+	// smaller batches spread the load more evenly: the claims' p99 rose less
+	// than with 10,000 (docs/performance.md, suite purge).
 	BatchSize int
 	// InboxRetention, when positive, also purges inbox rows consumed longer
 	// ago than that, in the same batches, skipping rows another transaction
