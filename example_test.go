@@ -29,7 +29,7 @@ func ExampleWithIdempotency() {
 		if err != nil {
 			panic(err)
 		}
-		res, err := idem.WithIdempotency(ctx, tx, key, signup)
+		res, err := idem.WithIdempotency(ctx, tx, key, signup) // signup runs in a savepoint, once per key
 		if err != nil {
 			panic(err)
 		}
@@ -58,13 +58,15 @@ func ExampleDo() {
 		SignupID int64  `json:"signup_id"`
 		Message  string `json:"message"`
 	}
-	key := idem.Key{Scope: "user:42", ID: "form-0b1d2e"}
+	key := idem.Key{Scope: "user:42", ID: "form-0b1d2e"} // made when the form opened
+
+	// A double click, then a retry after a timeout:
 	for range 3 {
 		res, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 8) RETURNING id`).Scan(&id)
-			return receipt{SignupID: id, Message: "you are in"}, err
-		}, idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.Serializable}))
+			return receipt{SignupID: id, Message: "you are in"}, err // recorded in the same COMMIT
+		})
 		if err != nil {
 			panic(err)
 		}
@@ -140,16 +142,28 @@ func ExampleClaim() {
 	key := idem.Key{Scope: "orders", ID: "pay-order-17"}
 	for range 2 {
 		lease, res, err := idem.Claim[string](ctx, pool, key, 30*time.Second)
-		if err != nil {
+		switch {
+		case errors.Is(err, idem.ErrInProgress): // another worker holds a live lease: answer 409
+			continue
+		case err != nil:
 			panic(err)
-		}
-		if lease == nil { // finished before: the recorded result
+		case lease == nil: // finished before: the recorded result
 			fmt.Println("replayed:", res.Value)
 			continue
 		}
-		// ... call the payment gateway with key.ID and lease.Attempt() ...
+		workCtx, stop := lease.KeepAlive(ctx, pool) // renews the lease; workCtx ends if it is lost
+		if lease.RecoveryPoint() == "" {            // a takeover resumes from the last checkpoint
+			if err := lease.Checkpoint(workCtx, pool, "charging", nil); err != nil {
+				panic(err)
+			}
+		}
+		// ... call the payment gateway with key.ID and lease.Attempt(), the fencing token ...
 		fmt.Println("charging with fencing token", lease.Attempt())
-		if err := lease.Complete(ctx, pool, "ch_123"); err != nil {
+		err = lease.Complete(workCtx, pool, "ch_123") // ErrLeaseLost if another worker took over
+		if serr := stop(); err == nil {
+			err = serr
+		}
+		if err != nil {
 			panic(err)
 		}
 	}

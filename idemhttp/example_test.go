@@ -84,7 +84,7 @@ func ExampleMiddleware() {
 	signup := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var id int
 		name, _ := io.ReadAll(r.Body)
-		err := idemhttp.Tx(r.Context()).QueryRow(r.Context(),
+		err := idemhttp.Tx(r.Context()).QueryRow(r.Context(), // the request's transaction
 			`INSERT INTO `+schema+`.signups (name) VALUES ($1) RETURNING id`, string(name)).Scan(&id)
 		if err != nil {
 			http.Error(w, "database", http.StatusInternalServerError)

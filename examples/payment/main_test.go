@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -30,4 +31,34 @@ func TestPaymentChargedOnce(t *testing.T) {
 			t.Errorf("the story lacks %q:\n%s", want, out.String())
 		}
 	}
+
+	// The README shows this run's output: it must be what the example
+	// prints, the random payment reference aside.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := transcript(string(readme), "worker A claimed ")
+	if shown == "" {
+		t.Fatal("README.md has no transcript of this example (a text block starting with \"worker A claimed\")")
+	}
+	if got, want := normalize(out.String()), normalize(shown); got != want {
+		t.Errorf("README.md's transcript differs from what the example prints; replace it with:\n%s", out.String())
+	}
 }
+
+// transcript returns the body of the first ```text block of a markdown text
+// whose first line starts with prefix.
+func transcript(markdown, prefix string) string {
+	for _, part := range strings.Split(markdown, "```text\n")[1:] {
+		body, _, ok := strings.Cut(part, "```")
+		if ok && strings.HasPrefix(body, prefix) {
+			return body
+		}
+	}
+	return ""
+}
+
+var paymentRef = regexp.MustCompile(`pay-[0-9a-f]{12}`)
+
+func normalize(s string) string { return paymentRef.ReplaceAllString(strings.TrimSpace(s), "pay-REF") }

@@ -186,7 +186,7 @@ func run(ctx context.Context, users int) error {
 		return err
 	}
 	defer pool.Close()
-	if err := migrations.Up(ctx, pool); err != nil {
+	if err := migrations.Up(ctx, pool); err != nil { // creates idem's tables, or does nothing if they are up to date
 		return err
 	}
 	// The sign-up table deliberately has no unique constraint: a duplicate
