@@ -30,6 +30,9 @@
 //	            completion), Do, sql-model/WithIdempotency (what WithIdempotency
 //	            adds to a caller's transaction) and WithIdempotency: what each
 //	            piece costs on this machine
+//	model       sql-model, Do and bare alone, so that every round measures Do
+//	            and its own SQL seconds apart: the ratio of Do to sql-model with
+//	            the least drift between them
 //	shape       Do's statements, hand-written as sql-model is, against copies of
 //	            the record table that differ in one thing each: fillfactor 100,
 //	            a narrow row, a BRIN index on expires_at, no index on it
@@ -41,7 +44,7 @@
 //	http        a POST whose handler inserts one row: with its own bare transaction,
 //	            calling idem.Do itself (the floor under any middleware), behind
 //	            idemhttp.Middleware with a new key per request, and replaying one key
-//	redis       a sign-up per operation through the Redis recipe of scenario 000
+//	redis       a sign-up per operation through the usual Redis recipe
 //	            (SET NX EX claim, business-key check, insert, response SET) against
 //	            the same through idem.Do (Redis at 127.0.0.1:6379)
 //	faults      the recipe and Do over connections cut right after COMMIT (and, for
@@ -134,11 +137,12 @@ type suite struct {
 var suites = []suite{
 	{name: "core", about: "one INSERT per operation (a duplicate request replays)", variants: coreVariants},
 	{name: "floor", about: "the record's SQL added to a bare transaction a piece at a time, every key new", setup: setupFloor, variants: floorVariants, newKeysOnly: true},
+	{name: "model", about: "Do against its own statements by hand, the two alone so that each round pairs them", variants: modelVariants, newKeysOnly: true, bare: "bare"},
 	{name: "shape", about: "Do's statements, hand-written, against copies of the record table that differ in one thing each", setup: setupShape, variants: shapeVariants, newKeysOnly: true},
 	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
 	{name: "inbox", about: "one message per operation (a duplicate is a redelivery); the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
-	{name: "redis", about: "a sign-up with a new token per operation: the Redis recipe of scenario 000 against idem.Do", setup: setupRedis, variants: redisVariants, newKeysOnly: true, bare: "bare transaction"},
+	{name: "redis", about: "a sign-up with a new token per operation: the usual Redis recipe against idem.Do", setup: setupRedis, variants: redisVariants, newKeysOnly: true, bare: "bare transaction"},
 	{name: "faults", variants: []variant{{"redis recipe", redisRecipe}}, custom: runFaultSuite},
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
 	{name: "tablesize", custom: runTableSizeSuite},
@@ -162,6 +166,10 @@ var coreVariants = []variant{
 	}},
 	{"WithIdempotency", withIdempotencyInsert},
 }
+
+// modelVariants put Do beside its SQL model and nothing else but a bare
+// transaction, so that the two are measured seconds apart in every round.
+var modelVariants = []variant{coreVariants[1], coreVariants[2], coreVariants[0]}
 
 func withIdempotencyInsert(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 	tx, err := pool.Begin(ctx)
@@ -236,7 +244,7 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	dupsFlag := flag.String("dups", "0", "comma-separated shares of duplicate requests for the core, transition, inbox and http suites, e.g. 0,0.5,0.9")
 	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
@@ -417,7 +425,7 @@ func run(workersFlag, suitesFlag string, rtts []time.Duration, rounds int, durat
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, floor, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
 		}
 	}
 	var workerCounts []int
