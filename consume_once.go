@@ -59,7 +59,7 @@ var defaultInboxQueries = buildInboxQueries(ident.Qualified("", DefaultInboxTabl
 // ErrInvalidKey before any SQL. Under REPEATABLE READ or SERIALIZABLE a
 // delivery committed after tx's snapshot fails with SQLSTATE 40001.
 func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
-	fn func(ctx context.Context, tx pgx.Tx) error, opts ...TableOption) (bool, error) {
+	fn func(ctx context.Context, tx pgx.Tx) error, opts ...TableOption) (_ bool, err error) {
 	if err := validatePart("consumer", consumer); err != nil {
 		return false, err
 	}
@@ -73,6 +73,7 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 	if err != nil {
 		return false, err
 	}
+	defer cfg.explainMissingTable(&err)
 	inserted := false
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT " + spInbox)

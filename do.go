@@ -44,12 +44,13 @@ import (
 //   - An error from COMMIT (a deferred constraint, say), wrapped: nothing
 //     committed.
 func Do[T any](ctx context.Context, db TxBeginner, key Key,
-	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...DoOption) (Result[T], error) {
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...DoOption) (_ Result[T], err error) {
 	var zero Result[T]
 	cfg, err := newCall("Do", key, db != nil && fn != nil, "a database and a function", opts)
 	if err != nil {
 		return zero, err
 	}
+	defer cfg.explainMissingTable(&err)
 	start := time.Now()
 	var failure error // a Permanent error from an earlier attempt, to record
 	_, isTx := db.(pgx.Tx)

@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/idemkit/idem/internal/pgerr"
 )
@@ -127,4 +128,23 @@ func IsPermanent(err error) bool {
 func IsRetryable(err error) bool {
 	code := pgerr.Code(err)
 	return code == pgerr.SerializationFailure || code == pgerr.DeadlockDetected
+}
+
+// explainMissingTable adds to *errp, when a statement failed because a table
+// the call names does not exist (SQLSTATE 42P01), how to create it. Other
+// errors, and a missing table of the caller's own, stay as they are.
+func (c *config) explainMissingTable(errp *error) {
+	err := *errp
+	if err == nil || pgerr.Code(err) != pgerr.UndefinedTable {
+		return
+	}
+	for _, t := range []string{c.q.table, c.inbox.table} {
+		// PostgreSQL names the relation as written, unquoted:
+		// relation "schema.table" does not exist.
+		name := strings.ReplaceAll(t, `"`, "")
+		if strings.Contains(err.Error(), `"`+name+`"`) {
+			*errp = fmt.Errorf("idem: table %s does not exist: create it with migrations.Up (or 'idem migrate up'), naming the same schema and table: %w", name, err)
+			return
+		}
+	}
 }

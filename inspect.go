@@ -39,7 +39,7 @@ func scanRecord(row pgx.Row) (*Record, error) {
 // Lookup returns the record of a key, expired or not, or ErrNotFound. An
 // uncommitted claim is invisible to it. scope and id are validated like a
 // Key's (ErrInvalidKey). WithTable names the table.
-func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption) (*Record, error) {
+func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption) (_ *Record, err error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: Lookup needs a database", ErrInvalidOption)
 	}
@@ -50,6 +50,7 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption)
 	if err != nil {
 		return nil, err
 	}
+	defer cfg.explainMissingTable(&err)
 	r, err := scanRecord(db.QueryRow(ctx, `SELECT `+inspectColumns+` FROM `+cfg.q.table+` WHERE scope = $1 AND key = $2`, scope, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
@@ -67,7 +68,7 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption)
 // Release is listed too, until the key is claimed again. No index covers
 // locked_until, so it reads the whole table: on a large table, run it from
 // a replica or off-peak. WithTable names the table.
-func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) ([]Record, error) {
+func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) (_ []Record, err error) {
 	if db == nil || limit <= 0 {
 		return nil, fmt.Errorf("%w: Stuck needs a database and a positive limit", ErrInvalidOption)
 	}
@@ -75,6 +76,7 @@ func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) ([]Reco
 	if err != nil {
 		return nil, err
 	}
+	defer cfg.explainMissingTable(&err)
 	rows, err := db.Query(ctx, `SELECT `+inspectColumns+` FROM `+cfg.q.table+`
 	WHERE `+stuckLease+`
 	ORDER BY locked_until LIMIT $1`, limit)
@@ -104,6 +106,7 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 	if err != nil {
 		return 0, 0, err
 	}
+	defer cfg.explainMissingTable(&err)
 	err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.q.table+`
 	WHERE `+purgeable).Scan(&records)
 	if err != nil {
@@ -123,7 +126,7 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 // record and its size, in one statement (one snapshot). It reads the whole
 // table (a sequential scan): on a large table, run it from a replica or
 // off-peak. WithTable names the table.
-func TableStats(ctx context.Context, db DBTX, opts ...TableOption) (*Stats, error) {
+func TableStats(ctx context.Context, db DBTX, opts ...TableOption) (_ *Stats, err error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: TableStats needs a database", ErrInvalidOption)
 	}
@@ -131,6 +134,7 @@ func TableStats(ctx context.Context, db DBTX, opts ...TableOption) (*Stats, erro
 	if err != nil {
 		return nil, err
 	}
+	defer cfg.explainMissingTable(&err)
 	t := cfg.q.table
 	// One statement, one scan, one snapshot: a row per status (none for an
 	// empty table, hence the outer join), each with the sizes.

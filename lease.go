@@ -85,12 +85,13 @@ func (l *Lease[T]) renewedAt(sent time.Duration) {
 // Inside a REPEATABLE READ or SERIALIZABLE transaction, a change committed
 // after its snapshot (another holder's renewal, say) fails them with SQLSTATE
 // 40001 instead; the transaction must roll back either way.
-func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, opts ...KeyOption) (*Lease[T], Result[T], error) {
+func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, opts ...KeyOption) (_ *Lease[T], _ Result[T], err error) {
 	var zero Result[T]
 	cfg, err := newCall("Claim", key, db != nil && lease > 0, "a database and a positive lease", opts)
 	if err != nil {
 		return nil, zero, err
 	}
+	defer cfg.explainMissingTable(&err)
 	start := time.Now()
 	l, res, err := claim[T](ctx, db, key, lease, &cfg)
 	switch {

@@ -87,7 +87,7 @@ func (p *pacer) wait(ctx context.Context, n int64) error {
 // nil db or a negative value in po. It returns what it deleted so far with
 // ctx's error when ctx ends, and with a batch's error when one fails for
 // good.
-func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (int64, error) {
+func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (_ int64, err error) {
 	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 || !po.Retry.valid() {
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative parameters", ErrInvalidOption)
 	}
@@ -101,6 +101,7 @@ func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (i
 	if err != nil {
 		return 0, err
 	}
+	defer cfg.explainMissingTable(&err)
 	retry := po.Retry.withDefaults()
 	_, inTx := db.(pgx.Tx)
 	start := time.Now()

@@ -70,7 +70,7 @@ var (
 // encoded (56 bytes); use it as Key.ID with the same Scope. With
 // RequireIssued, WithIdempotency, Do and Claim accept only such tokens. ttl
 // must be positive; the expiry is computed with the database clock.
-func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, opts ...TableOption) (string, error) {
+func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, opts ...TableOption) (_ string, err error) {
 	if err := validatePart("Scope", scope); err != nil {
 		return "", err
 	}
@@ -81,6 +81,7 @@ func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, o
 	if err != nil {
 		return "", err
 	}
+	defer cfg.explainMissingTable(&err)
 	random := make([]byte, tokenRandomBytes)
 	if _, err := rand.Read(random); err != nil {
 		return "", fmt.Errorf("idem: reading random bytes: %w", err)

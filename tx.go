@@ -78,12 +78,13 @@ type DBTX interface {
 // usable, with its settings and savepoints as they were; after database
 // errors (40001, 55P03, a lost connection) it is aborted.
 func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
-	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (Result[T], error) {
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (_ Result[T], err error) {
 	var zero Result[T]
 	cfg, err := newCall("WithIdempotency", key, tx != nil && fn != nil, "a transaction and a function", opts)
 	if err != nil {
 		return zero, err
 	}
+	defer cfg.explainMissingTable(&err)
 	start := time.Now()
 	res, err := withIdempotency(ctx, tx, key, fn, &cfg)
 	err = holdError(&cfg, err)

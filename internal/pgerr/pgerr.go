@@ -14,6 +14,7 @@ const (
 	DuplicateSchema      = "42P06"
 	LockNotAvailable     = "55P03"
 	QueryCanceled        = "57014"
+	UndefinedTable       = "42P01"
 )
 
 // Code returns err's SQLSTATE, or "" when err carries none. It accepts any
