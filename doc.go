@@ -76,7 +76,7 @@
 //     submissions with double clicks and retries, exactly one row per user;
 //   - [examples/payment]: lease mode against a gateway that rejects stale
 //     fencing tokens;
-//   - [examples/orders]: an order service with the HTTP middleware, a state
+//   - [examples/orders]: an order service with WithIdempotency, a state
 //     machine and consume-once payment events;
 //   - [examples/signup] and [examples/lead]: web pages that make their key
 //     when they open and resend a pending submission.

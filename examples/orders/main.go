@@ -3,6 +3,8 @@
 //   - POST /orders creates an order once per Idempotency-Key
 //     (idem.WithIdempotency): a retry gets the first response back, marked
 //     Idempotent-Replayed: true; the same key with another body is a 422;
+//     the key is read as idemhttp.ParseKey reads it and a body over 1 MiB
+//     is a 413, as idemhttp's middleware does;
 //   - POST /orders/{id}/pay|ship|cancel|refund moves the order through a
 //     state machine (idem.StateMachine) with a history table; a repeated
 //     call is a no-op, an illegal one a 409 that names the current state;
@@ -11,12 +13,16 @@
 //     redelivered event is acknowledged without a second payment;
 //   - GET /orders/{id} shows the order and its history.
 //
+// Errors are RFC 9457 problem details (application/problem+json), in the
+// form idemhttp's middleware answers its own.
+//
 // Run it with
 //
 //	go run ./examples/orders
 //
 // It connects with DATABASE_URL or the PG* defaults, keeps its tables in the
-// schema orders_example, and listens on 127.0.0.1:8080 (-addr).
+// schema orders_example, and listens on 127.0.0.1:8080 (-addr). Interrupted
+// (Ctrl-C), it finishes the requests in flight and exits.
 package main
 
 import (
@@ -28,8 +34,10 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
 	"time"
 
@@ -38,6 +46,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/internal/exampledb"
+	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/migrations"
 )
 
@@ -46,20 +55,48 @@ const schema = "orders_example"
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "listen address")
 	flag.Parse()
-	ctx := context.Background()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *addr, os.Stdout); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// run serves the example on addr until ctx is done. It binds addr before
+// anything else, and says where it listens only once it does: a second
+// instance fails with "address already in use" without announcing itself.
+func run(ctx context.Context, addr string, stdout io.Writer) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close() // a no-op once Serve has closed it
 	pool, err := connect(ctx)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	defer pool.Close()
 	svc, err := setup(ctx, pool)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
-	fmt.Printf("orders example listening on http://%s (tables in schema %s)\n", *addr, schema)
-	fmt.Printf("try: curl -i -X POST http://%s/orders -H 'Idempotency-Key: k1' -H 'X-User: alice' -d '{\"amount_cents\": 1999}'\n", *addr)
-	srv := &http.Server{Addr: *addr, Handler: svc.routes(), ReadHeaderTimeout: 5 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	url := "http://" + ln.Addr().String() // the bound port, also when addr asks for port 0
+	fmt.Fprintf(stdout, "orders example listening on %s (tables in schema %s)\n", url, schema)
+	fmt.Fprintf(stdout, "try: curl -i -X POST %s/orders -H 'Idempotency-Key: k1' -H 'X-User: alice' -d '{\"amount_cents\": 1999}'\n", url)
+
+	srv := &http.Server{Handler: svc.routes(), ReadHeaderTimeout: 5 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+		// Let the requests in flight finish (for up to 10s) before the pool
+		// closes.
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return srv.Shutdown(shutdownCtx)
+	}
 }
 
 func connect(ctx context.Context) (*pgxpool.Pool, error) {
@@ -140,38 +177,89 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg})
+// problem is an RFC 9457 problem details object, in the form idemhttp's
+// middleware answers its own errors: Code names the error for programs,
+// Detail explains it to people.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Code   string `json:"code"`
+	// State is the order's current state, when a transition is refused.
+	State string `json:"state,omitempty"`
+}
+
+func newProblem(status int, code, detail string) problem {
+	return problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail, Code: code}
+}
+
+func (p problem) write(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+func writeProblem(w http.ResponseWriter, status int, code, detail string) {
+	newProblem(status, code, detail).write(w)
+}
+
+// maxBody caps a request body, as idemhttp.Config.MaxRequestBody does by
+// default.
+const maxBody = 1 << 20
+
+// readBody reads r's body whole, or answers 413 and returns false when it is
+// over maxBody. A body cut at the limit must not be used: two bodies that
+// differ only past the limit would get one fingerprint, and the second would
+// be answered with the first one's order.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	// One byte more than the limit tells "too large" from "exactly the limit".
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if len(body) > maxBody {
+		writeProblem(w, http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("The request body exceeds %d bytes.", maxBody))
+		return nil, false
+	}
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "body-unreadable", err.Error())
+		return nil, false
+	}
+	return body, true
 }
 
 // createOrder creates an order once per (user, Idempotency-Key).
 func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
-	if key == "" {
-		writeError(w, http.StatusBadRequest, "the Idempotency-Key header is required")
+	// ParseKey refuses what idemhttp's middleware refuses: no key, a
+	// malformed one, or several (two headers, or a list in one).
+	key, err := idemhttp.ParseKey(r.Header)
+	switch {
+	case errors.Is(err, idemhttp.ErrNoKey):
+		writeProblem(w, http.StatusBadRequest, "idempotency-key-missing", "This request needs an Idempotency-Key header.")
+		return
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
 		return
 	}
 	user := r.Header.Get("X-User") // stands in for real authentication
 	if user == "" {
 		user = "anonymous"
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	var req struct {
 		AmountCents int64 `json:"amount_cents"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil || req.AmountCents <= 0 {
-		writeError(w, http.StatusBadRequest, `want a JSON body like {"amount_cents": 1999}`)
+		writeProblem(w, http.StatusBadRequest, "body-invalid", `The body must be JSON like {"amount_cents": 1999}.`)
 		return
 	}
 	digest := sha256.Sum256(body)
 	ctx := r.Context()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
@@ -184,21 +272,21 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		}, idem.NoWait())
 	switch {
 	case errors.Is(err, idem.ErrInvalidKey):
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
 		return
 	case errors.Is(err, idem.ErrInProgress):
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusConflict, "a request with this Idempotency-Key is still being processed")
+		writeProblem(w, http.StatusConflict, "request-in-progress", "A request with this Idempotency-Key is still being processed; retry later.")
 		return
 	case errors.Is(err, idem.ErrKeyReused):
-		writeError(w, http.StatusUnprocessableEntity, "this Idempotency-Key was used with a different body")
+		writeProblem(w, http.StatusUnprocessableEntity, "idempotency-key-reused", "This Idempotency-Key was used with a different body.")
 		return
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	if res.Replayed {
@@ -213,12 +301,12 @@ var actions = map[string]string{"pay": "PAID", "ship": "SHIPPED", "cancel": "CAN
 func (s *service) transition(w http.ResponseWriter, r *http.Request) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
-		writeError(w, http.StatusNotFound, "no such order")
+		writeProblem(w, http.StatusNotFound, "order-not-found", "No such order.")
 		return
 	}
 	to, ok := actions[r.PathValue("action")]
 	if !ok {
-		writeError(w, http.StatusNotFound, "actions: pay, ship, cancel, refund")
+		writeProblem(w, http.StatusNotFound, "action-unknown", "The actions are pay, ship, cancel and refund.")
 		return
 	}
 	var opts []idem.TransitionOption
@@ -233,12 +321,13 @@ func (s *service) respondTransition(ctx context.Context, w http.ResponseWriter, 
 	var te *idem.TransitionError
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
-		writeError(w, http.StatusNotFound, "no such order")
+		writeProblem(w, http.StatusNotFound, "order-not-found", "No such order.")
 	case errors.As(err, &te):
-		writeJSON(w, http.StatusConflict, map[string]string{
-			"error": fmt.Sprintf("order %d is %s and cannot become %s", id, te.Current, te.Wanted), "status": te.Current})
+		p := newProblem(http.StatusConflict, "transition-invalid", fmt.Sprintf("Order %d is %s and cannot become %s.", id, te.Current, te.Wanted))
+		p.State = te.Current
+		p.write(w)
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 	default:
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "from": res.From, "status": to, "applied": res.Applied, "version": res.Version})
 	}
@@ -252,14 +341,18 @@ func (s *service) paymentEvent(w http.ResponseWriter, r *http.Request) {
 		OrderID    int64  `json:"order_id"`
 		PaymentRef string `json:"payment_ref"`
 	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&ev); err != nil || ev.MessageID == "" {
-		writeError(w, http.StatusBadRequest, `want {"message_id": "...", "order_id": 1, "payment_ref": "..."}`)
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	if err := json.Unmarshal(body, &ev); err != nil || ev.MessageID == "" {
+		writeProblem(w, http.StatusBadRequest, "body-invalid", `The body must be JSON like {"message_id": "...", "order_id": 1, "payment_ref": "..."}.`)
 		return
 	}
 	ctx := r.Context()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
@@ -280,17 +373,17 @@ func (s *service) paymentEvent(w http.ResponseWriter, r *http.Request) {
 	})
 	switch {
 	case errors.Is(err, idem.ErrInvalidKey):
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeProblem(w, http.StatusBadRequest, "message-id-invalid", err.Error())
 		return
 	case errors.Is(err, idem.ErrNotFound):
-		writeError(w, http.StatusNotFound, "no such order")
+		writeProblem(w, http.StatusNotFound, "order-not-found", "No such order.")
 		return
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	resp := map[string]any{"processed": processed, "order_paid_now": applied}
@@ -304,7 +397,7 @@ func (s *service) paymentEvent(w http.ResponseWriter, r *http.Request) {
 func (s *service) getOrder(w http.ResponseWriter, r *http.Request) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
-		writeError(w, http.StatusNotFound, "no such order")
+		writeProblem(w, http.StatusNotFound, "order-not-found", "No such order.")
 		return
 	}
 	ctx := r.Context()
@@ -312,11 +405,11 @@ func (s *service) getOrder(w http.ResponseWriter, r *http.Request) {
 	err = s.pool.QueryRow(ctx, `SELECT id, user_id, amount_cents, status, version, paid_at, payment_ref FROM orders WHERE id = $1`, id).
 		Scan(&o.ID, &o.UserID, &o.AmountCents, &o.Status, &o.Version, &o.PaidAt, &o.PaymentRef)
 	if errors.Is(err, pgx.ErrNoRows) {
-		writeError(w, http.StatusNotFound, "no such order")
+		writeProblem(w, http.StatusNotFound, "order-not-found", "No such order.")
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	type step struct {
@@ -327,7 +420,7 @@ func (s *service) getOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	rows, err := s.pool.Query(ctx, `SELECT from_state, to_state, version, changed_at FROM order_history WHERE entity_id = $1 ORDER BY id`, id)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	history, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (step, error) {
@@ -335,7 +428,7 @@ func (s *service) getOrder(w http.ResponseWriter, r *http.Request) {
 		return s, r.Scan(&s.From, &s.To, &s.Version, &s.At)
 	})
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"order": o, "history": history})
