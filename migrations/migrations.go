@@ -7,10 +7,25 @@
 // consume-once table "idem_inbox"), each with its .down.sql, creating the
 // tables in the search_path.
 //
-// Up and Down apply the same files through golang-migrate's iofs source and
-// pgx/v5 driver, under their own version table (by default
+// Up, Down and Force apply the same files through golang-migrate's iofs
+// source and pgx/v5 driver, under their own version table (by default
 // "idempotent_record_schema_migrations"; never the application's
 // "schema_migrations"), so idem's migrations never mix with the application's.
+// Version reads that table and writes nothing.
+//
+// # Locking
+//
+// Before golang-migrate starts, Up, Down and Force take a session advisory
+// lock of idem's on a connection of their own, waiting as long as ctx
+// allows, and hold it until they return:
+//
+//	pg_advisory_lock(hashtextextended('idem migrations ' || schema || '.' || version_table, 0))
+//
+// where schema is the version table's schema (the one WithTable names, else
+// current_schema()) and version_table its name. Runs on the same version
+// table therefore queue on a wait that their ctx ends, and never contend for
+// golang-migrate's own advisory lock, whose wait ignores ctx. A migration
+// lock held elsewhere shows in pg_locks as an advisory lock with that key.
 package migrations
 
 import (
@@ -24,11 +39,15 @@ import (
 	"strings"
 	"sync"
 	"testing/fstest"
+	"time"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -43,17 +62,19 @@ import (
 //go:embed *.sql
 var FS embed.FS
 
-// DB is what Up, Down and Version accept. They work over a connection of
-// their own, made from the configuration of the *pgxpool.Pool (with its
-// BeforeConnect and AfterConnect) or of the *pgx.Conn, and close it when they
-// end, whatever happened: the caller's pool or connection is neither used
-// nor closed, and no session state of the migration (golang-migrate's
-// advisory lock) outlives it.
+// DB is what Up, Down, Force and Version accept. They work over connections
+// of their own, made from the configuration of the *pgxpool.Pool (with its
+// BeforeConnect and AfterConnect) or of the *pgx.Conn, and close them when
+// they end, whatever happened: the caller's pool or connection is neither
+// used nor closed, and no session state of the migration (the advisory
+// locks) outlives it. On these connections a cancelled ctx sends PostgreSQL
+// a cancel request, so that a statement waiting on the server (for the
+// migration lock) ends there too.
 type DB interface {
 	*pgxpool.Pool | *pgx.Conn
 }
 
-// Option configures Up, Down and Version.
+// Option configures Up, Down, Force and Version.
 type Option func(*config)
 
 type config struct {
@@ -61,12 +82,29 @@ type config struct {
 	err                         error
 }
 
+func newConfig(opts []Option) (config, error) {
+	cfg := config{table: idem.DefaultTable}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if cfg.err != nil {
+		return cfg, cfg.err
+	}
+	if cfg.versionTable == "" {
+		cfg.versionTable = cfg.table + "_schema_migrations"
+	}
+	return cfg, nil
+}
+
 // WithTable creates the record table as schema.table instead of
 // "idempotent_record" in the search_path, and the inbox as
 // schema.idem_inbox; pass the same names to idem.WithTable (and the schema to
-// idem.WithInboxTable). schema may be empty; when set, it is created if
-// missing. Names follow idem.WithTable's rules: plain identifiers (letters,
-// digits and underscores), the table at most 48 bytes, the schema at most 63.
+// idem.WithInboxTable). schema may be empty; when set, Up and Force create
+// it if missing. Names follow idem.WithTable's rules: plain identifiers
+// (letters, digits and underscores), the table at most 48 bytes, the schema
+// at most 63.
 func WithTable(schema, table string) Option {
 	return func(c *config) {
 		if err := ident.ValidateTable(schema, table); err != nil {
@@ -93,53 +131,164 @@ func WithVersionTable(name string) Option {
 	}
 }
 
-// Up applies every migration not applied yet. It succeeds when there is
-// nothing to apply. A cancelled ctx stops it between migrations.
+// Up applies every migration not applied yet, creating the schema WithTable
+// names and the version table when missing. It succeeds when there is
+// nothing to apply, and fails without running any migration when the
+// recorded version is dirty (see Force). It waits for the migration lock
+// until ctx ends; once migrating, a cancelled ctx stops it between
+// migrations. Either way its error then matches ctx.Err().
 func Up[D DB](ctx context.Context, db D, opts ...Option) error {
-	return run(ctx, db, opts, func(m *migrate.Migrate) error { return m.Up() })
+	return run(ctx, db, opts, true, func(ctx context.Context, s *session) error {
+		return s.migrate(ctx, true, stoppable(ctx, (*migrate.Migrate).Up))
+	})
 }
 
 // Down reverts every applied migration, dropping the record table and the
-// schema's inbox table, which the schema's record tables share. It succeeds
-// when there is nothing to revert.
+// schema's inbox table, which the schema's record tables share, then drops
+// the version table, so that nothing of idem's is left (the schema stays).
+// When no version table exists it writes nothing and returns nil; an empty
+// one (left by Force(-1)) is dropped. A dirty version fails it before any
+// change. ctx works as for Up: a run stopped between migrations keeps its
+// version table.
 func Down[D DB](ctx context.Context, db D, opts ...Option) error {
-	return run(ctx, db, opts, func(m *migrate.Migrate) error { return m.Down() })
+	return run(ctx, db, opts, true, func(ctx context.Context, s *session) error {
+		rec, err := s.readVersion(ctx)
+		if err != nil || !rec.exists {
+			return err
+		}
+		if rec.version >= 0 || rec.dirty {
+			if err := s.migrate(ctx, false, stoppable(ctx, (*migrate.Migrate).Down)); err != nil {
+				return err
+			}
+		}
+		if _, err := s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.versionTable()); err != nil {
+			return fmt.Errorf("migrations: dropping the version table: %w", errOrCtx(ctx, err))
+		}
+		return nil
+	})
+}
+
+// Force records version as the applied one and clears the dirty flag,
+// without running any migration: after a migration failed halfway and the
+// schema was repaired by hand, it tells the next Up or Down where the schema
+// now stands. A version of -1 records none (the table left empty; with no
+// version table, Force(-1) writes nothing). Any other version must be that
+// of one of the migrations (the number a file of FS starts with), or Force
+// returns an error matching idem.ErrInvalidOption before any SQL. It creates the schema WithTable
+// names and the version table when missing, and waits for the migration
+// lock until ctx ends.
+func Force[D DB](ctx context.Context, db D, version int, opts ...Option) error {
+	if version != -1 && !knownVersion(version) {
+		return fmt.Errorf("%w: Force needs -1 or the version of one of idem's migrations, not %d", idem.ErrInvalidOption, version)
+	}
+	return run(ctx, db, opts, true, func(ctx context.Context, s *session) error {
+		if version == -1 {
+			rec, err := s.readVersion(ctx)
+			if err != nil || !rec.exists {
+				return err
+			}
+		}
+		return s.migrate(ctx, true, func(m *migrate.Migrate) error { return m.Force(version) })
+	})
+}
+
+// knownVersion reports whether one of FS's files has version v.
+func knownVersion(v int) bool {
+	entries, _ := fs.ReadDir(FS, ".")
+	for _, e := range entries {
+		if m, err := source.Parse(e.Name()); err == nil && v > 0 && m.Version == uint(v) {
+			return true
+		}
+	}
+	return false
 }
 
 // Version reports the applied version (0 when none) and whether the last
-// migration failed halfway (dirty).
+// migration failed halfway (dirty; see Force). It reads the version table
+// and writes nothing: a schema or version table that does not exist is
+// version 0, not dirty, and is not created. It neither takes nor waits for
+// the migration lock, so during a run it reports the version that run has
+// committed so far.
 func Version[D DB](ctx context.Context, db D, opts ...Option) (version uint, dirty bool, err error) {
-	err = run(ctx, db, opts, func(m *migrate.Migrate) error {
-		version, dirty, err = m.Version()
-		if errors.Is(err, migrate.ErrNilVersion) {
-			return nil
+	err = run(ctx, db, opts, false, func(ctx context.Context, s *session) error {
+		rec, err := s.readVersion(ctx)
+		if err != nil {
+			return err
 		}
-		return err
+		version, dirty = uint(max(rec.version, 0)), rec.dirty
+		return nil
 	})
 	return version, dirty, err
 }
 
-func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migrate) error) error {
-	cfg := config{table: idem.DefaultTable}
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
-	if cfg.err != nil {
-		return cfg.err
-	}
-	if cfg.versionTable == "" {
-		cfg.versionTable = cfg.table + "_schema_migrations"
+// session is one run: its settings and a connection of its own, which holds
+// the migration lock when the run takes it.
+type session struct {
+	cfg       config
+	connector driver.Connector
+	conn      *pgx.Conn
+	// schema is the version table's schema: cfg.schema, else
+	// current_schema(); "" when the search_path names no existing schema.
+	schema string
+}
+
+// run opens the run's connection, resolves the version table's schema,
+// takes the migration lock when lock is set, and calls fn. Every connection
+// the run opened is closed when it returns, which also releases the lock.
+func run[D DB](ctx context.Context, db D, opts []Option, lock bool, fn func(context.Context, *session) error) error {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// Every connection the run opens is closed when it ends, also the one
+	// golang-migrate keeps and does not close when its setup fails (a
+	// read-only session, no CREATE right).
+	tc := &trackingConnector{Connector: connector(db)}
+	defer tc.closeAll()
+	dc, err := tc.Connect(ctx)
+	if err != nil {
+		return fmt.Errorf("migrations: connecting: %w", errOrCtx(ctx, err))
+	}
+	s := &session{cfg: cfg, connector: tc, conn: dc.(*stdlib.Conn).Conn(), schema: cfg.schema}
+	if s.schema == "" {
+		if err := s.conn.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&s.schema); err != nil {
+			return fmt.Errorf("migrations: reading current_schema(): %w", errOrCtx(ctx, err))
+		}
+	}
+	if lock {
+		key := "idem migrations " + s.schema + "." + cfg.versionTable
+		if _, err := s.conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1, 0))`, key); err != nil {
+			return fmt.Errorf("migrations: waiting for the migration lock %q: %w", key, errOrCtx(ctx, err))
+		}
+	}
+	return fn(ctx, s)
+}
 
-	var connector driver.Connector
+// errOrCtx returns ctx's error when ctx has ended (a statement it cancelled
+// fails with SQLSTATE 57014 or a closed connection), else err.
+func errOrCtx(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// connector opens connections with db's configuration, answering a
+// cancelled ctx with a cancel request.
+func connector[D DB](db D) driver.Connector {
+	cancelRequest := func(pc *pgconn.PgConn) ctxwatch.Handler {
+		// The deadline breaks the connection if the cancel request gets
+		// no answer (a server that cannot be reached that way).
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
+	}
 	switch d := any(db).(type) {
 	case *pgxpool.Pool:
 		pc := d.Config()
+		cc := pc.ConnConfig.Copy()
+		cc.BuildContextWatcherHandler = cancelRequest
 		var opts []stdlib.OptionOpenDB
 		if pc.BeforeConnect != nil {
 			opts = append(opts, stdlib.OptionBeforeConnect(pc.BeforeConnect))
@@ -147,31 +296,74 @@ func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migr
 		if pc.AfterConnect != nil {
 			opts = append(opts, stdlib.OptionAfterConnect(pc.AfterConnect))
 		}
-		connector = stdlib.GetConnector(*pc.ConnConfig, opts...)
+		return stdlib.GetConnector(*cc, opts...)
 	case *pgx.Conn:
-		connector = stdlib.GetConnector(*d.Config())
+		cc := d.Config()
+		cc.BuildContextWatcherHandler = cancelRequest
+		return stdlib.GetConnector(*cc)
 	}
-	// Every connection the run opens is closed when it ends, also the one
-	// golang-migrate keeps and does not close when its setup fails (a
-	// read-only session, no CREATE right).
-	tc := &trackingConnector{Connector: connector}
-	defer tc.closeAll()
-	sqlDB := sql.OpenDB(tc)
+	panic("unreachable")
+}
 
-	if cfg.schema != "" {
-		if _, err := sqlDB.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{cfg.schema}.Sanitize()); err != nil && !schemaCreatedMeanwhile(err) {
-			sqlDB.Close()
-			return fmt.Errorf("migrations: creating schema %q: %w", cfg.schema, err)
+// versionTable is the version table's sanitized, qualified name.
+func (s *session) versionTable() string {
+	return pgx.Identifier{s.schema, s.cfg.versionTable}.Sanitize()
+}
+
+// recorded is what the version table holds.
+type recorded struct {
+	exists  bool  // the version table exists
+	version int64 // -1 for none
+	dirty   bool
+}
+
+// readVersion reads the version table as golang-migrate's pgx/v5 driver
+// writes it (one row, version bigint and dirty boolean; none for no
+// version), without creating it.
+func (s *session) readVersion(ctx context.Context) (recorded, error) {
+	none := recorded{version: -1}
+	if s.schema == "" {
+		return none, nil
+	}
+	var exists bool
+	err := s.conn.QueryRow(ctx, `SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL`,
+		s.schema, s.cfg.versionTable).Scan(&exists)
+	if err != nil {
+		return none, fmt.Errorf("migrations: looking for the version table: %w", errOrCtx(ctx, err))
+	}
+	if !exists {
+		return none, nil
+	}
+	rec := recorded{exists: true}
+	err = s.conn.QueryRow(ctx, `SELECT version, dirty FROM `+s.versionTable()+` LIMIT 1`).Scan(&rec.version, &rec.dirty)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return recorded{exists: true, version: -1}, nil
+	case pgerr.Code(err) == pgerr.UndefinedTable: // dropped meanwhile
+		return none, nil
+	case err != nil:
+		return none, fmt.Errorf("migrations: reading the version table: %w", errOrCtx(ctx, err))
+	}
+	return rec, nil
+}
+
+// migrate runs step on a golang-migrate instance over connections of the
+// run, creating the schema first when createSchema is set, and closes the
+// instance before it returns.
+func (s *session) migrate(ctx context.Context, createSchema bool, step func(*migrate.Migrate) error) error {
+	if createSchema && s.cfg.schema != "" {
+		if _, err := s.conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.cfg.schema}.Sanitize()); err != nil && !schemaCreatedMeanwhile(err) {
+			return fmt.Errorf("migrations: creating schema %q: %w", s.cfg.schema, errOrCtx(ctx, err))
 		}
 	}
-	src, err := iofs.New(Files(cfg.schema, cfg.table), ".")
+	src, err := iofs.New(Files(s.cfg.schema, s.cfg.table), ".")
 	if err != nil {
-		sqlDB.Close()
 		return fmt.Errorf("migrations: reading the embedded files: %w", err)
 	}
+	sqlDB := sql.OpenDB(s.connector)
 	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{
-		SchemaName:      cfg.schema,
-		MigrationsTable: cfg.versionTable,
+		SchemaName:      s.schema,
+		MigrationsTable: s.cfg.versionTable,
 	})
 	if err != nil {
 		sqlDB.Close()
@@ -182,26 +374,39 @@ func run[D DB](ctx context.Context, db D, opts []Option, step func(*migrate.Migr
 		driver.Close()
 		return fmt.Errorf("migrations: %w", err)
 	}
-	defer m.Close() // closes sqlDB, which is ours
-
-	stop := context.AfterFunc(ctx, func() {
-		select {
-		case m.GracefulStop <- true:
-		default:
-		}
-	})
-	defer stop()
+	defer m.Close() // closes sqlDB
 
 	err = step(m)
-	if ctx.Err() != nil {
-		// golang-migrate reports a graceful stop as success; the caller
-		// must not take a cancelled run for a finished one.
-		return fmt.Errorf("migrations: stopped, possibly before the last migration: %w", ctx.Err())
-	}
-	if err != nil && !errors.Is(err, migrate.ErrNoChange) {
+	var dirty migrate.ErrDirty
+	switch {
+	case err == nil, errors.Is(err, migrate.ErrNoChange):
+		return nil
+	case errors.As(err, &dirty):
+		return fmt.Errorf("migrations: the recorded version %d is dirty: a migration failed halfway; "+
+			"repair the schema by hand, then record the version it is at with Force: %w", dirty.Version, err)
+	default:
 		return fmt.Errorf("migrations: %w", err)
 	}
-	return nil
+}
+
+// stoppable runs step (Up or Down) so that ctx ending stops it between
+// migrations, and reports that as ctx's error: golang-migrate takes a
+// graceful stop for success.
+func stoppable(ctx context.Context, step func(*migrate.Migrate) error) func(*migrate.Migrate) error {
+	return func(m *migrate.Migrate) error {
+		stop := context.AfterFunc(ctx, func() {
+			select {
+			case m.GracefulStop <- true:
+			default:
+			}
+		})
+		defer stop()
+		err := step(m)
+		if ctx.Err() != nil {
+			return fmt.Errorf("stopped, possibly before the last migration: %w", ctx.Err())
+		}
+		return err
+	}
 }
 
 // schemaCreatedMeanwhile reports whether CREATE SCHEMA IF NOT EXISTS failed

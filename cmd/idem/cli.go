@@ -9,7 +9,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
+	"runtime"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -28,26 +32,32 @@ Usage:
   idem <command> [flags]
 
 Commands:
-  migrate up|down|version   apply, revert (needs --yes) or show idem's migrations
-  purge                     delete expired records; --dry-run only counts them
-  inspect --scope S --key K show one record
-  stuck                     list lease records whose lease ran out, oldest first
-  stats                     counts by status, the oldest record, table and index size
+  migrate up                 apply idem's migrations
+  migrate down --yes         revert them: drop the record, inbox and version tables
+  migrate version            show the applied version (writes nothing)
+  migrate force N --yes      record version N (-1: none) and clear the dirty flag,
+                             running no migration
+  purge                      delete expired records; --dry-run only counts them
+  inspect --scope S --key K  show one record
+  stuck                      list lease records whose lease ran out, oldest first
+  stats                      counts by status, the oldest record, table and index size
+  version                    the versions of idem, its library and Go (also --version)
 
-Flags every command takes:
+Flags every command but version takes:
   --database-url URL   where to connect; else DATABASE_URL, else the PG* variables
   --schema NAME        the record table's schema (default: the search_path)
   --table NAME         the record table (default idempotent_record)
-  --json               print JSON instead of text
+  --json               print JSON instead of text (version takes it too)
 
 Run 'idem <command> --help' for a command's own flags.
 `
 
 // exit codes
 const (
-	exitOK    = 0
-	exitError = 1
-	exitUsage = 2
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitInterrupted = 130 // 128 + SIGINT, as shells report it
 )
 
 // env reads an environment variable (os.Getenv, or a test's).
@@ -60,10 +70,31 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.url, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL, then the PG* variables)")
-	fs.StringVar(&c.schema, "schema", "", "schema of the record table (default: the search_path)")
-	fs.StringVar(&c.table, "table", idem.DefaultTable, "name of the record table")
+	fs.StringVar(&c.url, "database-url", "", "PostgreSQL connection `URL` (default $DATABASE_URL, then the PG* variables)")
+	fs.StringVar(&c.schema, "schema", "", "the schema `NAME` of the record and inbox tables (default: the search_path)")
+	fs.StringVar(&c.table, "table", idem.DefaultTable, "the record table's `NAME`")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
+}
+
+// tableFlags repeats --schema and --table when they are not the defaults,
+// for a hint.
+func (c *common) tableFlags() string {
+	var b strings.Builder
+	if c.schema != "" {
+		b.WriteString(" --schema " + c.schema)
+	}
+	if c.table != idem.DefaultTable {
+		b.WriteString(" --table " + c.table)
+	}
+	return b.String()
+}
+
+// target names the record table, qualified when --schema is set.
+func (c *common) target() string {
+	if c.schema == "" {
+		return c.table
+	}
+	return c.schema + "." + c.table
 }
 
 // options are the idem options naming the tables.
@@ -112,6 +143,7 @@ var commands = []command{
 	{"inspect", "show one record", runInspect},
 	{"stuck", "list lease records whose lease ran out", runStuck},
 	{"stats", "counts by status, oldest record, sizes", runStats},
+	{"version", "the versions of idem, its library and Go", runVersion},
 }
 
 // usageError is a mistake in the command line: exit code 2.
@@ -123,7 +155,14 @@ func (e usageError) Error() string { return e.msg }
 // printed, with the usage: exit code 2, nothing more to say.
 var errReported = errors.New("reported")
 
+// errInterrupted is a command stopped by a signal that has already printed
+// what it did: exit code 130, nothing more to say.
+var errInterrupted = errors.New("interrupted")
+
 func run(ctx context.Context, args []string, out, errOut io.Writer, getenv env) int {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(out, usage)
 		if len(args) == 0 {
@@ -145,9 +184,14 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, getenv env) 
 		return exitOK
 	case errors.Is(err, errReported):
 		return exitUsage
+	case errors.Is(err, errInterrupted):
+		return exitInterrupted
 	case errors.As(err, &ue):
 		fmt.Fprintf(errOut, "idem %s: %v\nRun 'idem %s --help' for usage.\n", args[0], err, args[0])
 		return exitUsage
+	case ctx.Err() != nil:
+		fmt.Fprintf(errOut, "idem %s: interrupted: %v\n", args[0], err)
+		return exitInterrupted
 	default:
 		fmt.Fprintf(errOut, "idem %s: %v\n", args[0], err)
 		var pe *pgconn.PgError
@@ -182,7 +226,9 @@ func tableFlags(args []string) string {
 }
 
 // parse parses a command's flags; usage text goes to errOut. Positional
-// arguments are returned; flags may come before or after them.
+// arguments are returned; flags may come before or after them, and a
+// negative number that is not a flag's value is positional (the version of
+// 'migrate force -1').
 func parse(fs *flag.FlagSet, args []string, out, errOut io.Writer, synopsis string) ([]string, error) {
 	// Asked-for help goes to stdout, help after a mistake to stderr.
 	w := errOut
@@ -192,23 +238,59 @@ func parse(fs *flag.FlagSet, args []string, out, errOut io.Writer, synopsis stri
 	fs.SetOutput(w)
 	fs.Usage = func() {
 		fmt.Fprintf(w, "Usage:\n  %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+		printFlags(w, fs)
 	}
 	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
+	for len(args) > 0 {
+		a := args[0]
+		if a == "--" {
+			return append(positional, args[1:]...), nil
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" || negativeNumber.MatchString(a) {
+			positional = append(positional, a)
+			args = args[1:]
+			continue
+		}
+		// One flag at a time, with its value when it takes the next
+		// argument.
+		n := 1
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if f := fs.Lookup(name); f != nil && !hasValue && !isBoolFlag(f) {
+			n = min(2, len(args))
+		}
+		if err := fs.Parse(args[:n]); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
 			return nil, errReported // the flag package printed it
 		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return positional, nil
-		}
-		positional = append(positional, args[0])
-		args = args[1:]
+		args = args[n:]
 	}
+	return positional, nil
+}
+
+var negativeNumber = regexp.MustCompile(`^-[0-9]+$`)
+
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// printFlags lists fs's flags like flag.PrintDefaults, but with two dashes,
+// as the rest of the help writes them (the flag package accepts both).
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		if arg != "" {
+			arg = " " + arg
+		}
+		if !isBoolFlag(f) && f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" {
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(tw, "  --%s%s\t%s\n", f.Name, arg, usage)
+	})
+	tw.Flush()
 }
 
 func printJSON(out io.Writer, v any) error {
@@ -221,16 +303,29 @@ func runMigrate(ctx context.Context, args []string, out, errOut io.Writer, geten
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	var c common
 	c.register(fs)
-	yes := fs.Bool("yes", false, "confirm 'migrate down', which drops the record and inbox tables")
-	pos, err := parse(fs, args, out, errOut, "idem migrate up|down|version [flags]")
+	yes := fs.Bool("yes", false, "confirm 'migrate down', which drops the record and inbox tables, or 'migrate force'")
+	pos, err := parse(fs, args, out, errOut, "idem migrate up|down|version|force N [flags]")
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 || !slices.Contains([]string{"up", "down", "version"}, pos[0]) {
-		return usageError{"want one of: up, down, version"}
+	var force int
+	switch {
+	case len(pos) == 1 && slices.Contains([]string{"up", "down", "version"}, pos[0]):
+	case len(pos) == 2 && pos[0] == "force":
+		if force, err = strconv.Atoi(pos[1]); err != nil {
+			return usageError{fmt.Sprintf("'migrate force' wants a version number (-1 for none), not %q", pos[1])}
+		}
+	case len(pos) == 1 && pos[0] == "force":
+		return usageError{"'migrate force' wants the version to record: 'idem migrate force N --yes' (-1 for none)"}
+	default:
+		return usageError{"want one of: up, down, version, force N"}
 	}
-	if pos[0] == "down" && !*yes {
+	action := pos[0]
+	if action == "down" && !*yes {
 		return usageError{"'migrate down' drops the record and inbox tables with every record in them; add --yes to confirm"}
+	}
+	if action == "force" && !*yes {
+		return usageError{"'migrate force' records a version without running any migration; add --yes to confirm"}
 	}
 	pool, err := c.connect(ctx, getenv)
 	if err != nil {
@@ -238,11 +333,21 @@ func runMigrate(ctx context.Context, args []string, out, errOut io.Writer, geten
 	}
 	defer pool.Close()
 	opts := []migrations.Option{migrations.WithTable(c.schema, c.table)}
-	switch pos[0] {
+	// Version only reads: on a schema never migrated it creates nothing.
+	before, beforeDirty, err := migrations.Version(ctx, pool, opts...)
+	if err != nil {
+		return err
+	}
+	switch action {
 	case "up":
 		err = migrations.Up(ctx, pool, opts...)
 	case "down":
 		err = migrations.Down(ctx, pool, opts...)
+	case "force":
+		err = migrations.Force(ctx, pool, force, opts...)
+	}
+	if errors.Is(err, idem.ErrInvalidOption) {
+		return usageError{err.Error()}
 	}
 	if err != nil {
 		return err
@@ -252,15 +357,26 @@ func runMigrate(ctx context.Context, args []string, out, errOut io.Writer, geten
 		return err
 	}
 	if c.json {
-		return printJSON(out, map[string]any{"action": pos[0], "version": version, "dirty": dirty})
+		res := map[string]any{"action": action, "version": version, "dirty": dirty}
+		if action != "version" {
+			res["previous_version"], res["previous_dirty"] = before, beforeDirty
+		}
+		return printJSON(out, res)
 	}
 	switch {
 	case dirty:
-		fmt.Fprintf(out, "version %d, dirty: a migration failed halfway; fix the schema by hand, then force the version with golang-migrate\n", version)
-	case pos[0] == "version":
+		fmt.Fprintf(out, "version %d, dirty: a migration failed halfway; repair the schema by hand, "+
+			"then record the version it is at with 'idem migrate force N --yes%s'\n", version, c.tableFlags())
+	case action == "version":
 		fmt.Fprintf(out, "version %d\n", version)
+	case action == "down" && before == 0 && !beforeDirty:
+		fmt.Fprintf(out, "nothing to revert: no migration of idem's is recorded for %s (version 0)\n", c.target())
+	case action == "force" && force == -1:
+		fmt.Fprintln(out, "recorded no version (version 0), not dirty; no migration was run")
+	case action == "force":
+		fmt.Fprintf(out, "recorded version %d, not dirty; no migration was run\n", version)
 	default:
-		fmt.Fprintf(out, "migrated %s: now at version %d\n", pos[0], version)
+		fmt.Fprintf(out, "migrated %s: now at version %d\n", action, version)
 	}
 	return nil
 }
@@ -270,10 +386,10 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	var c common
 	c.register(fs)
 	dryRun := fs.Bool("dry-run", false, "count the records a purge would delete, delete nothing")
-	batch := fs.Int("batch-size", 0, "rows deleted per statement; 0 means 10,000, or 2,000 with --rows-per-second")
-	inbox := fs.Duration("inbox-retention", 0, "also delete inbox rows consumed longer ago than this (e.g. 168h); 0 leaves the inbox alone")
-	rate := fs.Int("rows-per-second", 0, "pace the purge to at most this many rows per second, leaving room for live traffic; 0 runs flat out")
-	progress := fs.String("progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), always or never")
+	batch := fs.Int("batch-size", 0, "delete `N` rows per statement; 0 means 10,000, or 2,000 with --rows-per-second")
+	inbox := fs.Duration("inbox-retention", 0, "also delete inbox rows consumed longer ago than `D` (e.g. 168h); 0 leaves the inbox alone")
+	rate := fs.Int("rows-per-second", 0, "pace the purge to at most `N` rows per second, leaving room for live traffic; 0 runs flat out")
+	progress := fs.String("progress", "auto", "show a progress bar on stderr: `auto|always|never`; auto shows it when stderr is a terminal")
 	pos, err := parse(fs, args, out, errOut, "idem purge [--dry-run] [flags]")
 	if err != nil {
 		return err
@@ -316,15 +432,30 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: *batch, InboxRetention: *inbox, RowsPerSecond: *rate, OnBatch: bar.add}, c.options()...)
 	bar.done()
 	elapsed := time.Since(start)
-	if err != nil {
+	// Interrupted (Ctrl-C, SIGTERM), the purge reports what it did: the
+	// rows it deleted stay deleted.
+	interrupted := err != nil && ctx.Err() != nil
+	if err != nil && !interrupted {
 		return fmt.Errorf("%w (%d rows deleted before it)", err, deleted)
 	}
 	if c.json {
-		return printJSON(out, map[string]any{"deleted": deleted, "seconds": elapsed.Seconds()})
+		err = printJSON(out, map[string]any{"deleted": deleted, "seconds": elapsed.Seconds(), "interrupted": interrupted})
+	} else {
+		prefix := ""
+		if interrupted {
+			prefix = "interrupted: "
+		}
+		fmt.Fprintf(out, "%sdeleted %d rows in %s (%.0f rows/s)\n", prefix, deleted, elapsed.Round(time.Millisecond),
+			float64(deleted)/max(elapsed.Seconds(), 1e-9))
 	}
-	fmt.Fprintf(out, "deleted %d rows in %s (%.0f rows/s)\n", deleted, elapsed.Round(time.Millisecond), float64(deleted)/max(elapsed.Seconds(), 1e-9))
-	return nil
+	if err == nil && interrupted {
+		err = errInterrupted
+	}
+	return err
 }
+
+// statuses are the record statuses stats lists, in its order.
+var statuses = []string{idem.StatusProcessing, idem.StatusSucceeded, idem.StatusFailed, idem.StatusIssued}
 
 func total(st *idem.Stats) int64 {
 	var n int64
@@ -338,8 +469,8 @@ func runInspect(ctx context.Context, args []string, out, errOut io.Writer, geten
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var c common
 	c.register(fs)
-	scope := fs.String("scope", "", "the key's scope (required)")
-	key := fs.String("key", "", "the key (required)")
+	scope := fs.String("scope", "", "the scope `S` of the key (required)")
+	key := fs.String("key", "", "the key `K` (required)")
 	pos, err := parse(fs, args, out, errOut, "idem inspect --scope S --key K [flags]")
 	if err != nil {
 		return err
@@ -377,14 +508,29 @@ func runInspect(ctx context.Context, args []string, out, errOut io.Writer, geten
 	if r.LockedUntil != nil {
 		fmt.Fprintf(tw, "lease until\t%s\n", when(*r.LockedUntil, now))
 	}
-	if r.RecoveryPoint != "" {
-		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
-	}
 	if len(r.Fingerprint) > 0 {
 		fmt.Fprintf(tw, "fingerprint\t%x\n", r.Fingerprint)
 	}
+	if r.Status == idem.StatusProcessing {
+		// A lease still processing holds its last checkpoint's data, not a
+		// response.
+		fmt.Fprintf(tw, "recovery point\t%s\n", cmpOr(r.RecoveryPoint, "(none: no checkpoint yet)"))
+		fmt.Fprintf(tw, "checkpoint data\t%s\n", describe(r.Response))
+		return tw.Flush()
+	}
+	if r.RecoveryPoint != "" {
+		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
+	}
 	fmt.Fprintf(tw, "response\t%s\n", describe(r.Response))
 	return tw.Flush()
+}
+
+// cmpOr returns s, or otherwise when s is empty.
+func cmpOr(s, otherwise string) string {
+	if s == "" {
+		return otherwise
+	}
+	return s
 }
 
 // when prints t with how far it is from now.
@@ -419,31 +565,39 @@ func describe(b []byte) string {
 }
 
 type recordJSON struct {
-	Scope         string     `json:"scope"`
-	Key           string     `json:"key"`
-	Status        string     `json:"status"`
-	Attempt       int32      `json:"attempt"`
-	Fingerprint   string     `json:"fingerprint,omitempty"`
-	Response      any        `json:"response,omitempty"`
-	LockedUntil   *time.Time `json:"locked_until,omitempty"`
-	RecoveryPoint string     `json:"recovery_point,omitempty"`
-	CreatedAt     time.Time  `json:"created_at"`
-	UpdatedAt     time.Time  `json:"updated_at"`
-	ExpiresAt     time.Time  `json:"expires_at"`
+	Scope          string     `json:"scope"`
+	Key            string     `json:"key"`
+	Status         string     `json:"status"`
+	Attempt        int32      `json:"attempt"`
+	Fingerprint    string     `json:"fingerprint,omitempty"`
+	Response       any        `json:"response,omitempty"`
+	LockedUntil    *time.Time `json:"locked_until,omitempty"`
+	RecoveryPoint  string     `json:"recovery_point,omitempty"`
+	CheckpointData any        `json:"checkpoint_data,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	UpdatedAt      time.Time  `json:"updated_at"`
+	ExpiresAt      time.Time  `json:"expires_at"`
 }
 
-// jsonRecord is r for --json: a JSON response is embedded as JSON, other
-// bytes as base64.
+// jsonRecord is r for --json: the stored bytes are the response of a
+// finished record and the checkpoint data of a lease still processing,
+// embedded as JSON when they are JSON, else as base64.
 func jsonRecord(r *idem.Record) recordJSON {
 	j := recordJSON{Scope: r.Scope, Key: r.ID, Status: r.Status, Attempt: r.Attempt, LockedUntil: r.LockedUntil,
 		RecoveryPoint: r.RecoveryPoint, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiresAt: r.ExpiresAt}
 	if len(r.Fingerprint) > 0 {
 		j.Fingerprint = hex.EncodeToString(r.Fingerprint)
 	}
+	var stored any
 	if json.Valid(r.Response) {
-		j.Response = json.RawMessage(r.Response)
+		stored = json.RawMessage(r.Response)
 	} else if r.Response != nil {
-		j.Response = r.Response // []byte marshals as base64
+		stored = r.Response // []byte marshals as base64
+	}
+	if r.Status == idem.StatusProcessing {
+		j.CheckpointData = stored
+	} else {
+		j.Response = stored
 	}
 	return j
 }
@@ -452,7 +606,7 @@ func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	fs := flag.NewFlagSet("stuck", flag.ContinueOnError)
 	var c common
 	c.register(fs)
-	limit := fs.Int("limit", 100, "list at most this many records")
+	limit := fs.Int("limit", 100, "list at most `N` records")
 	pos, err := parse(fs, args, out, errOut, "idem stuck [--limit N] [flags]")
 	if err != nil {
 		return err
@@ -485,20 +639,29 @@ func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCOPE\tKEY\tATTEMPT\tLEASE ENDED\tRECOVERY POINT\tCREATED")
+	fmt.Fprintln(tw, "SCOPE\tKEY\tATTEMPT\tLEASE ENDED\tRECOVERY POINT\tCHECKPOINT DATA\tCREATED")
 	for _, r := range recs {
-		point := r.RecoveryPoint
-		if point == "" {
-			point = "-"
+		data := "-"
+		if r.Response != nil {
+			data = shorten(describe(r.Response), 40)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s ago\t%s\t%s\n", r.Scope, r.ID, r.Attempt,
-			now.Sub(*r.LockedUntil).Round(time.Second), point, r.CreatedAt.Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s ago\t%s\t%s\t%s\n", r.Scope, r.ID, r.Attempt,
+			now.Sub(*r.LockedUntil).Round(time.Second), cmpOr(r.RecoveryPoint, "-"), data, r.CreatedAt.Format(time.RFC3339))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "%d stuck leases (the next Claim of each key takes it over)\n", len(recs))
 	return nil
+}
+
+// shorten cuts s to at most n runes, ending in "..." when cut.
+func shorten(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-3]) + "..."
 }
 
 func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
@@ -522,14 +685,22 @@ func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 		return err
 	}
 	if c.json {
+		// Every status, 0 included, so that the fields never vary.
+		byStatus := make(map[string]int64, len(statuses))
+		for _, s := range statuses {
+			byStatus[s] = 0
+		}
+		for s, n := range st.Statuses {
+			byStatus[s] = n
+		}
 		return printJSON(out, map[string]any{
-			"records": total(st), "by_status": st.Statuses, "expired": st.Expired, "stuck_leases": st.StuckLeases,
+			"records": total(st), "by_status": byStatus, "expired": st.Expired, "stuck_leases": st.StuckLeases,
 			"oldest": st.Oldest, "table_bytes": st.TableBytes, "index_bytes": st.IndexBytes,
 		})
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "records\t%d\n", total(st))
-	for _, s := range []string{idem.StatusProcessing, idem.StatusSucceeded, idem.StatusFailed, idem.StatusIssued} {
+	for _, s := range statuses {
 		fmt.Fprintf(tw, "  %s\t%d\n", s, st.Statuses[s])
 	}
 	fmt.Fprintf(tw, "expired (purgeable)\t%d\n", st.Expired)
@@ -542,6 +713,95 @@ func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	fmt.Fprintf(tw, "table size\t%s\n", bytesText(st.TableBytes))
 	fmt.Fprintf(tw, "index size\t%s\n", bytesText(st.IndexBytes))
 	return tw.Flush()
+}
+
+func runVersion(_ context.Context, args []string, out, errOut io.Writer, _ env) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parse(fs, args, out, errOut, "idem version [--json]   (or: idem --version)")
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
+	}
+	bi, ok := debug.ReadBuildInfo()
+	v := readVersion(bi, ok)
+	if *asJSON {
+		return printJSON(out, v)
+	}
+	fmt.Fprintf(out, "idem %s\n", v.Version)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "  command\t%s %s\n", v.Path, v.Version)
+	fmt.Fprintf(tw, "  library\t%s %s\n", libraryPath, v.Library)
+	fmt.Fprintf(tw, "  go\t%s %s\n", v.Go, v.Platform)
+	if v.Revision != "" {
+		fmt.Fprintf(tw, "  vcs.revision\t%s\n", v.Revision)
+	}
+	if v.Time != "" {
+		fmt.Fprintf(tw, "  vcs.time\t%s\n", v.Time)
+	}
+	if v.Modified != "" {
+		fmt.Fprintf(tw, "  vcs.modified\t%s\n", v.Modified)
+	}
+	return tw.Flush()
+}
+
+// libraryPath is the idem library's module.
+const libraryPath = "github.com/idemkit/idem"
+
+// versionInfo is what 'idem version' prints.
+type versionInfo struct {
+	Path     string `json:"path"`
+	Version  string `json:"version"`
+	Library  string `json:"library_version"`
+	Go       string `json:"go_version"`
+	Platform string `json:"platform"`
+	Revision string `json:"vcs_revision,omitempty"`
+	Time     string `json:"vcs_time,omitempty"`
+	Modified string `json:"vcs_modified,omitempty"`
+}
+
+// readVersion reads the versions from the binary's build information;
+// what it lacks is "(devel)" (a build from a working tree) or "unknown".
+func readVersion(bi *debug.BuildInfo, ok bool) versionInfo {
+	v := versionInfo{Path: "github.com/idemkit/idem/cmd/idem", Version: "(devel)", Library: "(devel)",
+		Go: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if !ok {
+		return v
+	}
+	if bi.Main.Path != "" {
+		v.Path = bi.Main.Path
+	}
+	if bi.Main.Version != "" {
+		v.Version = bi.Main.Version
+	}
+	if bi.GoVersion != "" {
+		v.Go = bi.GoVersion
+	}
+	for _, d := range bi.Deps {
+		if d.Path != libraryPath {
+			continue
+		}
+		v.Library = cmpOr(d.Version, "(devel)")
+		if r := d.Replace; r != nil {
+			v.Library += " => " + strings.TrimSpace(r.Path+" "+r.Version)
+		}
+	}
+	if bi.Main.Path == libraryPath { // built inside the library's own module
+		v.Library = v.Version
+	}
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			v.Revision = s.Value
+		case "vcs.time":
+			v.Time = s.Value
+		case "vcs.modified":
+			v.Modified = s.Value
+		}
+	}
+	return v
 }
 
 func bytesText(n int64) string {

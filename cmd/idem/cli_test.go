@@ -8,6 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +37,11 @@ func TestMain(m *testing.M) {
 // cli runs the command line with DATABASE_URL set to the test database.
 func cli(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	return cliContext(context.Background(), args...)
+}
+
+// cliContext is cli with the context a signal would cancel.
+func cliContext(ctx context.Context, args ...string) (code int, stdout, stderr string) {
 	var out, errOut bytes.Buffer
 	getenv := func(name string) string {
 		if name == "DATABASE_URL" {
@@ -41,7 +49,7 @@ func cli(t *testing.T, args ...string) (code int, stdout, stderr string) {
 		}
 		return ""
 	}
-	code = run(context.Background(), args, &out, &errOut, getenv)
+	code = run(ctx, args, &out, &errOut, getenv)
 	return code, out.String(), errOut.String()
 }
 
@@ -107,6 +115,12 @@ func TestCommandsEndToEnd(t *testing.T) {
 	require.Regexp(t, `(?m)^fingerprint +0102$`, out)
 	require.Regexp(t, `(?m)^expires .*\(in (1h0m0s|59m5[0-9]s)\)$`, out)
 
+	// A lease still processing holds checkpoint data, not a response.
+	code, out, errOut = cli(t, "inspect", "--schema", s, "--scope", "pay", "--key", "charge-7")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^recovery point +gateway-called\n^checkpoint data +\{"ref":"G1"\}$`, out)
+	require.NotRegexp(t, `(?m)^response`, out)
+
 	code, out, _ = cli(t, "inspect", "--schema", s, "--scope", "pay", "--key", "charge-7", "--json")
 	require.Equal(t, exitOK, code)
 	var rec recordJSON
@@ -115,6 +129,17 @@ func TestCommandsEndToEnd(t *testing.T) {
 	require.Equal(t, "gateway-called", rec.RecoveryPoint)
 	require.NotNil(t, rec.LockedUntil)
 	require.EqualValues(t, 1, rec.Attempt)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &raw))
+	require.Equal(t, map[string]any{"ref": "G1"}, raw["checkpoint_data"])
+	require.NotContains(t, raw, "response")
+
+	code, out, _ = cli(t, "inspect", "--schema", s, "--scope", "shop", "--key", "order-0", "--json")
+	require.Equal(t, exitOK, code)
+	raw = nil
+	require.NoError(t, json.Unmarshal([]byte(out), &raw))
+	require.Equal(t, map[string]any{"order": 0.0}, raw["response"], "a finished record keeps its response")
+	require.NotContains(t, raw, "checkpoint_data")
 
 	code, _, errOut = cli(t, "inspect", "--schema", s, "--scope", "shop", "--key", "nope")
 	require.Equal(t, exitError, code)
@@ -122,9 +147,16 @@ func TestCommandsEndToEnd(t *testing.T) {
 
 	code, out, _ = cli(t, "stuck", "--schema", s)
 	require.Equal(t, exitOK, code)
-	require.Contains(t, out, "charge-7")
-	require.Contains(t, out, "gateway-called")
+	require.Regexp(t, `(?m)^SCOPE +KEY +ATTEMPT +LEASE ENDED +RECOVERY POINT +CHECKPOINT DATA +CREATED$`, out)
+	require.Regexp(t, `(?m)^pay +charge-7 +1 .* gateway-called +\{"ref":"G1"\} +`, out)
 	require.Contains(t, out, "1 stuck leases")
+	code, out, _ = cli(t, "stuck", "--schema", s, "--json")
+	require.Equal(t, exitOK, code)
+	var stuck []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &stuck))
+	require.Len(t, stuck, 1)
+	require.Equal(t, map[string]any{"ref": "G1"}, stuck[0]["checkpoint_data"])
+	require.NotContains(t, stuck[0], "response")
 
 	code, out, _ = cli(t, "stats", "--schema", s, "--json")
 	require.Equal(t, exitOK, code)
@@ -141,6 +173,8 @@ func TestCommandsEndToEnd(t *testing.T) {
 	require.EqualValues(t, 4, st.Records)
 	require.EqualValues(t, 3, st.ByStatus[idem.StatusSucceeded])
 	require.EqualValues(t, 1, st.ByStatus[idem.StatusProcessing])
+	require.Equal(t, map[string]int64{idem.StatusSucceeded: 3, idem.StatusProcessing: 1, idem.StatusFailed: 0, idem.StatusIssued: 0},
+		st.ByStatus, "every status is listed, 0 included")
 	require.EqualValues(t, 2, st.Expired, "the lease record is never purgeable")
 	require.EqualValues(t, 1, st.StuckLeases)
 	require.NotNil(t, st.Oldest)
@@ -191,7 +225,8 @@ func TestPurgeManyRowsInBatches(t *testing.T) {
 	var empty map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &empty))
 	require.Equal(t, 0.0, empty["records"], "an empty table")
-	require.Empty(t, empty["by_status"])
+	require.Equal(t, map[string]any{"processing": 0.0, "succeeded": 0.0, "failed": 0.0, "issued": 0.0}, empty["by_status"],
+		"the same fields as for a full table")
 	require.Nil(t, empty["oldest"], "no oldest record")
 	require.Positive(t, empty["index_bytes"], "the sizes are read even when the table is empty")
 	_, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s, idem.DefaultTable}.Sanitize()+`
@@ -230,7 +265,10 @@ func TestHelpfulErrors(t *testing.T) {
 
 	code, _, errOut = cli(t, "migrate", "sideways")
 	require.Equal(t, exitUsage, code)
-	require.Contains(t, errOut, "up, down, version")
+	require.Contains(t, errOut, "up, down, version, force N")
+	code, _, errOut = cli(t, "migrate", "force", "two", "--yes")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, `not "two"`)
 
 	code, _, errOut = cli(t, "stats", "--table", `x"; DROP TABLE y; --`)
 	require.Equal(t, exitUsage, code)
@@ -261,7 +299,177 @@ func TestHelpfulErrors(t *testing.T) {
 
 	code, out, _ = cli(t, "stats", "--help")
 	require.Equal(t, exitOK, code)
-	require.Contains(t, out, "-database-url", "asked-for help goes to stdout")
+	require.Contains(t, out, "--database-url", "asked-for help goes to stdout")
+}
+
+// Every help text writes flags with two dashes; the flag package still
+// parses both forms.
+func TestHelpWritesFlagsWithTwoDashes(t *testing.T) {
+	_, top, _ := cli(t, "--help")
+	require.Contains(t, top, "  --database-url URL")
+	for _, c := range commands {
+		code, out, _ := cli(t, c.name, "--help")
+		require.Equal(t, exitOK, code, c.name)
+		require.Contains(t, out, "\nFlags:\n  --", c.name)
+		require.Contains(t, out, "  --json", c.name)
+		require.NotRegexp(t, `(?m)^\s*-[a-z]`, out, "%s: a flag written with one dash", c.name)
+	}
+	_, out, _ := cli(t, "migrate", "--help")
+	require.Regexp(t, `(?m)^  --schema NAME +the schema NAME`, out)
+	require.Regexp(t, `(?m)^  --table NAME +.*\(default idempotent_record\)$`, out)
+	require.Regexp(t, `(?m)^  --yes +confirm`, out)
+
+	// One dash still parses.
+	code, _, errOut := cli(t, "stuck", "-limit", "3", "-schema=idem_cli_missing")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errOut, "run 'idem migrate up --schema idem_cli_missing'")
+}
+
+func TestVersionCommand(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		code, out, errOut := cli(t, args...)
+		require.Equal(t, exitOK, code, errOut)
+		require.Regexp(t, `^idem \S+\n`, out)
+		require.Regexp(t, `(?m)^  command +github.com/idemkit/idem/cmd/idem \S+$`, out)
+		require.Regexp(t, `(?m)^  library +github.com/idemkit/idem \S+`, out)
+		require.Contains(t, out, runtime.Version())
+	}
+	code, out, _ := cli(t, "version", "--json")
+	require.Equal(t, exitOK, code)
+	var v versionInfo
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	require.Equal(t, "github.com/idemkit/idem/cmd/idem", v.Path)
+	require.NotEmpty(t, v.Version)
+	require.NotEmpty(t, v.Library)
+	require.Equal(t, runtime.Version(), v.Go)
+
+	// A release build names the versions and the commit.
+	v = readVersion(&debug.BuildInfo{
+		GoVersion: "go1.26.1",
+		Main:      debug.Module{Path: "github.com/idemkit/idem/cmd/idem", Version: "v0.3.0"},
+		Deps: []*debug.Module{
+			{Path: "github.com/jackc/pgx/v5", Version: "v5.12.0"},
+			{Path: "github.com/idemkit/idem", Version: "v0.3.0", Replace: &debug.Module{Path: "../../"}},
+		},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}, {Key: "vcs.modified", Value: "true"}},
+	}, true)
+	require.Equal(t, versionInfo{Path: "github.com/idemkit/idem/cmd/idem", Version: "v0.3.0", Library: "v0.3.0 => ../../", Go: "go1.26.1",
+		Platform: runtime.GOOS + "/" + runtime.GOARCH, Revision: "abc123", Time: "2026-01-02T03:04:05Z", Modified: "true"}, v)
+	v = readVersion(nil, false)
+	require.Equal(t, "(devel)", v.Version)
+	require.Equal(t, "(devel)", v.Library)
+}
+
+// 'migrate version' and 'migrate down' on a schema never migrated create
+// nothing; down says there was nothing to revert.
+func TestMigrateOnNothingCreatesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := testPool(t)
+	s := schema(t, pool)
+	code, out, errOut := cli(t, "migrate", "version", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "version 0\n", out)
+	code, out, errOut = cli(t, "migrate", "down", "--yes", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "nothing to revert")
+	require.Contains(t, out, s+"."+idem.DefaultTable)
+	code, out, errOut = cli(t, "migrate", "down", "--yes", "--schema", s, "--json")
+	require.Equal(t, exitOK, code, errOut)
+	require.JSONEq(t, `{"action": "down", "version": 0, "dirty": false, "previous_version": 0, "previous_dirty": false}`, out)
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, s).Scan(&exists))
+	require.False(t, exists, "no schema was created")
+}
+
+// A dirty version is reported with what to do; 'migrate force N --yes'
+// clears it.
+func TestMigrateForce(t *testing.T) {
+	ctx := context.Background()
+	pool := testPool(t)
+	s := schema(t, pool)
+	code, _, errOut := cli(t, "migrate", "up", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	_, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{s, idem.DefaultTable + "_schema_migrations"}.Sanitize()+` SET dirty = true`)
+	require.NoError(t, err)
+
+	code, out, _ := cli(t, "migrate", "version", "--schema", s)
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "version 2, dirty")
+	require.Contains(t, out, "'idem migrate force N --yes --schema "+s+"'")
+	code, _, errOut = cli(t, "migrate", "up", "--schema", s)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errOut, "dirty")
+
+	code, _, errOut = cli(t, "migrate", "force", "2", "--schema", s)
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "--yes")
+	code, _, errOut = cli(t, "migrate", "force", "3", "--yes", "--schema", s)
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, idem.ErrInvalidOption.Error())
+
+	code, out, errOut = cli(t, "migrate", "force", "2", "--yes", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "recorded version 2, not dirty; no migration was run\n", out)
+	code, out, errOut = cli(t, "migrate", "up", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "now at version 2")
+
+	// -1 records no version; it is positional, not a flag, before or
+	// after the flags.
+	code, out, errOut = cli(t, "migrate", "--schema", s, "--yes", "force", "-1", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	require.JSONEq(t, `{"action": "force", "version": 0, "dirty": false, "previous_version": 2, "previous_dirty": false}`, out)
+}
+
+// Interrupted, a purge prints what it deleted and exits 130.
+func TestPurgeInterrupted(t *testing.T) {
+	ctx := context.Background()
+	pool := testPool(t)
+	s := schema(t, pool)
+	code, _, errOut := cli(t, "migrate", "up", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	records := pgx.Identifier{s, idem.DefaultTable}.Sanitize()
+	_, err := pool.Exec(ctx, `INSERT INTO `+records+` (scope, key, status, attempt, created_at, updated_at, expires_at)
+		SELECT 's', 'k' || i, 'succeeded', 1, now(), now(), now() - interval '1 second' FROM generate_series(1, 5000) AS i`)
+	require.NoError(t, err)
+	remaining := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+records).Scan(&n))
+		return n
+	}
+
+	for _, asJSON := range []bool{false, true} {
+		before := remaining()
+		runCtx, cancel := context.WithCancel(ctx)
+		type result struct {
+			code     int
+			out, err string
+		}
+		done := make(chan result, 1)
+		args := []string{"purge", "--schema", s, "--batch-size", "500", "--rows-per-second", "500"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		go func() {
+			code, out, errOut := cliContext(runCtx, args...)
+			done <- result{code, out, errOut}
+		}()
+		// Cancel once the first batch is committed: the purge is then
+		// waiting a second before the next one.
+		require.Eventually(t, func() bool { return remaining() < before }, 10*time.Second, 5*time.Millisecond)
+		cancel()
+		res := <-done
+		require.Equal(t, exitInterrupted, res.code, res.err)
+		deleted := before - remaining()
+		require.Positive(t, deleted)
+		require.Less(t, deleted, before, "the purge stopped before the end")
+		if asJSON {
+			require.JSONEq(t, fmt.Sprintf(`{"deleted": %d, "interrupted": true, "seconds": 0}`, deleted),
+				regexp.MustCompile(`"seconds": [0-9.e+-]+`).ReplaceAllString(res.out, `"seconds": 0`))
+		} else {
+			require.Regexp(t, fmt.Sprintf(`^interrupted: deleted %d rows in \S+ \(\d+ rows/s\)\n$`, deleted), res.out)
+		}
+	}
 }
 
 // Without --database-url and DATABASE_URL, the PG* variables are used.

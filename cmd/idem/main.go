@@ -1,6 +1,7 @@
-// Command idem operates idem's record table: it applies the migrations,
-// purges expired records, shows one record, lists stuck leases and prints
-// table statistics.
+// Command idem operates idem's record table: it applies, reverts, shows
+// and forces the migrations' version, purges expired records, shows one
+// record, lists stuck leases, prints table statistics and prints its own
+// version.
 //
 //	go run github.com/idemkit/idem/cmd/idem@latest --help
 //
