@@ -8,6 +8,13 @@
 //
 //	go run ./examples/lead            # then open the URL it prints
 //
+// The page checks the form before sending, shows every request it sends,
+// with its key, its status and its Idempotent-Replayed header, and has two
+// switches for network trouble: one asks the server to store the next lead
+// and then drop the connection without answering (see dropResponses), the
+// other keeps the page offline for a few seconds. Either way the page
+// resends with the same key, and the answer comes from the record.
+//
 // It connects with DATABASE_URL or the PG* defaults and keeps its tables in
 // the schema lead_example.
 package main
@@ -16,12 +23,17 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"regexp"
 	"strings"
 	"time"
 
@@ -29,6 +41,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/internal/exampledb"
+	"github.com/idemkit/idem/examples/internal/pagekit"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/migrations"
 )
@@ -41,19 +54,40 @@ var static embed.FS
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8082", "listen address")
 	flag.Parse()
-	ctx := context.Background()
-	pool, err := connect(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *addr, os.Getenv("DATABASE_URL"), os.Stdout); err != nil {
 		log.Fatal(err)
+	}
+}
+
+// run serves the example on addr until ctx is done. It binds addr before it
+// touches the database, so that a start that cannot serve (the port is
+// taken) fails without changing anything, and says where to go only once
+// the address is bound.
+func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	pool, err := connect(ctx, databaseURL)
+	if err != nil {
+		return err
 	}
 	defer pool.Close()
 	h, err := newHandler(ctx, pool)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
-	fmt.Printf("lead form example: open http://%s/\n", *addr)
-	srv := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	stopServing := context.AfterFunc(ctx, func() { _ = srv.Shutdown(context.Background()) })
+	defer stopServing()
+	fmt.Fprintf(out, "lead form example: listening on http://%s/\n", ln.Addr())
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
 
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -68,11 +102,17 @@ func newHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
 		return nil, err
 	}
 	// No unique constraint: the key alone keeps a lead from being stored
-	// twice, and a duplicate would show.
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS leads (
-		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		name text NOT NULL, email text NOT NULL, message text NOT NULL,
-		created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	// twice, and a duplicate would show. The key is stored with the lead
+	// only so that the page can count a submission's rows; idem does not
+	// need it.
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS leads (
+			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			name text NOT NULL, email text NOT NULL, message text NOT NULL,
+			idempotency_key text,
+			created_at timestamptz NOT NULL DEFAULT now());
+		-- An earlier version of this example made leads without it.
+		ALTER TABLE leads ADD COLUMN IF NOT EXISTS idempotency_key text`); err != nil {
 		return nil, err
 	}
 	mw, err := idemhttp.Middleware(pool, idemhttp.Config{
@@ -86,7 +126,9 @@ func newHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
 	mux := http.NewServeMux()
 	sub, _ := fs.Sub(static, "static")
 	mux.Handle("GET /", http.FileServerFS(sub))
-	mux.Handle("POST /api/leads", mw(http.HandlerFunc(saveLead)))
+	mux.Handle("GET "+pagekit.Prefix, pagekit.Handler()) // the stylesheet and panel.js, shared with the other page
+	mux.Handle("POST /api/leads", dropResponses(mw(http.HandlerFunc(saveLead))))
+	mux.Handle("GET /api/leads/count", countLeads(pool))
 	return mux, nil
 }
 
@@ -96,22 +138,96 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// problem answers an RFC 9457 problem, shaped like idemhttp's own, so that
+// the page reads every refusal the same way: code for the program, detail
+// for the person.
+func problem(w http.ResponseWriter, status int, code, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"type": "about:blank", "title": http.StatusText(status), "status": status,
+		"code": code, "detail": detail,
+	})
+}
+
+// internalError logs err and answers 500 without its text, which may quote
+// SQL or name tables. idemhttp records no 5xx: the page resends.
+func internalError(w http.ResponseWriter, r *http.Request, err error) {
+	log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
+	problem(w, http.StatusInternalServerError, "internal", "Something went wrong on our side; your message will be resent.")
+}
+
+// emailPattern is the page's check of an e-mail address (lead.js), a loose
+// one: something@domain.tld. Only a message that arrives proves an address.
+var emailPattern = regexp.MustCompile(`^[^\s@]+@[^\s@]+\.[^\s@]+$`)
+
 // saveLead stores the lead in the request's transaction; the middleware
-// records the answer with it.
+// records the answer with it. The page checks the form first; the server
+// checks again, since a request need not come from the page.
 func saveLead(w http.ResponseWriter, r *http.Request) {
 	var lead struct {
 		Name, Email, Message string
 	}
-	if err := json.NewDecoder(r.Body).Decode(&lead); err != nil || strings.TrimSpace(lead.Name) == "" || !strings.Contains(lead.Email, "@") {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"ok": false, "message": "Please give a name and an e-mail address."})
+	if err := json.NewDecoder(r.Body).Decode(&lead); err != nil {
+		problem(w, http.StatusBadRequest, "bad-request", "Send the form as JSON: name, email, message.")
 		return
 	}
+	lead.Name, lead.Email = strings.TrimSpace(lead.Name), strings.TrimSpace(lead.Email)
+	if lead.Name == "" || !emailPattern.MatchString(lead.Email) {
+		problem(w, http.StatusUnprocessableEntity, "invalid-lead", "Please give your name and a valid e-mail address.")
+		return
+	}
+	key, _ := idemhttp.ParseKey(r.Header) // the middleware checked it
 	var id int64
 	if err := idemhttp.Tx(r.Context()).QueryRow(r.Context(),
-		`INSERT INTO leads (name, email, message) VALUES ($1, $2, $3) RETURNING id`,
-		lead.Name, lead.Email, lead.Message).Scan(&id); err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]any{"ok": false, "message": err.Error()})
+		`INSERT INTO leads (name, email, message, idempotency_key) VALUES ($1, $2, $3, $4) RETURNING id`,
+		lead.Name, lead.Email, lead.Message, key).Scan(&id); err != nil {
+		internalError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"ok": true, "leadId": id, "message": fmt.Sprintf("Thank you, %s! We will be in touch.", lead.Name)})
 }
+
+// countLeads counts the leads stored under one key: the number the page
+// shows to prove that resends added none. Only the holder of the random key
+// can ask.
+func countLeads(pool *pgxpool.Pool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.URL.Query().Get("key")
+		var n int
+		if err := pool.QueryRow(r.Context(), `SELECT count(*) FROM leads WHERE idempotency_key = $1`, key).Scan(&n); err != nil {
+			internalError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"rows": n})
+	}
+}
+
+// dropHeader is set by the page's "drop the next response" switch.
+const dropHeader = "X-Demo-Drop-Response"
+
+// dropResponses loses answers on request, for the demo: a request carrying
+// dropHeader runs as usual (the middleware commits the lead and records its
+// answer), then the connection is cut without a response, as when a phone
+// leaves the network at the wrong moment. The page cannot tell whether the
+// lead was stored, so it resends with the same key and gets the recorded
+// answer, marked Idempotent-Replayed: true. A header rather than a query
+// flag, since the query is part of the request's fingerprint: the resend,
+// without it, is the same request. A real service has no such switch.
+func dropResponses(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(dropHeader) == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(discard{http.Header{}}, r) // committed here
+		panic(http.ErrAbortHandler)               // net/http closes the connection, answering nothing
+	})
+}
+
+// discard is a ResponseWriter that throws the response away.
+type discard struct{ header http.Header }
+
+func (d discard) Header() http.Header       { return d.header }
+func (discard) WriteHeader(int)             {}
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

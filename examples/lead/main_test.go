@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,14 +25,25 @@ import (
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
-func newTestServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
+type testServer struct {
+	*httptest.Server
+	pool  *pgxpool.Pool
+	posts atomic.Int64 // the POSTs that reached the server
+}
+
+func databaseURL(t *testing.T) string {
 	t.Helper()
 	url := os.Getenv("TEST_DATABASE_URL")
 	if url == "" {
 		t.Fatal("TEST_DATABASE_URL is not set: point it at a PostgreSQL database (see README.md)")
 	}
+	return url
+}
+
+func newTestServer(t *testing.T) *testServer {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := connect(ctx, url)
+	pool, err := connect(ctx, databaseURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,15 +52,21 @@ func newTestServer(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return srv, pool
+	ts := &testServer{pool: pool}
+	ts.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			ts.posts.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	return ts
 }
 
-func leads(t *testing.T, pool *pgxpool.Pool, email string) int {
+func (ts *testServer) leads(t *testing.T, email string) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM leads WHERE email = $1`, email).Scan(&n); err != nil {
+	if err := ts.pool.QueryRow(context.Background(), `SELECT count(*) FROM leads WHERE email = $1`, email).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -60,6 +82,23 @@ func fill(email string) chromedp.Action[chromedp.Void] {
 	}
 }
 
+// goOffline turns the panel's offline switch on, for longer than the test
+// takes, so that the test, not the clock, brings the page back online.
+func goOffline(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.getElementById("go-offline").dataset.seconds = 600`)); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "#go-offline")
+}
+
+func click(t *testing.T, ctx context.Context, sel string) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Click(sel)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func pendingStored(t *testing.T, ctx context.Context) bool {
 	t.Helper()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`localStorage.getItem("lead-pending") !== null`))
@@ -69,37 +108,33 @@ func pendingStored(t *testing.T, ctx context.Context) bool {
 	return v
 }
 
-// countSends makes the page count the requests it starts (the submission and
+// countSends makes the page count the POSTs it starts (the submission and
 // every resend) in window.leadSends, so that a test can wait for a resend
 // rather than sleep past the page's interval.
 const countSends = `(() => {
   window.leadSends = 0;
   const send = window.fetch.bind(window);
-  window.fetch = (...args) => { window.leadSends++; return send(...args); };
+  window.fetch = (url, init) => {
+    if (init?.method === "POST") window.leadSends++;
+    return send(url, init);
+  };
   return 0;
 })()`
 
-// waitSends waits until the page has started n requests since countSends.
+// waitSends waits until the page has started n POSTs since countSends.
 func waitSends(t *testing.T, ctx context.Context, timeout time.Duration, n int) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		sent, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.leadSends`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if sent >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the page started %d requests within %v, want %d", sent, timeout, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	browser.Wait(t, ctx, timeout, fmt.Sprintf("window.leadSends >= %d", n))
+}
+
+// waitRows waits until the panel shows n rows in leads for the last key.
+func waitRows(t *testing.T, ctx context.Context, n int) {
+	t.Helper()
+	browser.Wait(t, ctx, 10*time.Second, fmt.Sprintf(`document.getElementById("rows").dataset.rows === "%d"`, n))
 }
 
 // blockAPI makes the lead API unreachable (or reachable again) and tells the
-// page it is offline (or online).
+// page it is offline (or online), as a real loss of network does.
 func blockAPI(t *testing.T, ctx context.Context, base string, blocked bool) {
 	t.Helper()
 	var patterns []*network.BlockPattern
@@ -121,28 +156,26 @@ func blockAPI(t *testing.T, ctx context.Context, base string, blocked bool) {
 // Offline, submit (the submission is kept), back online: it is delivered
 // once and the pending copy is cleared.
 func TestLeadOfflineThenOnline(t *testing.T) {
-	srv, pool := newTestServer(t)
+	ts := newTestServer(t)
 	ctx := browser.New(t)
 	email := fmt.Sprintf("offline-%d@example.com", time.Now().UnixNano())
-	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL), fill(email)); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL), fill(email)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](countSends)); err != nil {
 		t.Fatal(err)
 	}
-	blockAPI(t, ctx, srv.URL, true)
-	if err := chromedp.Do(ctx, chromedp.Click("#submit")); err != nil {
-		t.Fatal(err)
-	}
+	blockAPI(t, ctx, ts.URL, true)
+	click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "pending")
 	if !pendingStored(t, ctx) {
 		t.Fatal("the failed submission was not kept in localStorage")
 	}
-	waitSends(t, ctx, 10*time.Second, 2) // an interval resend while still offline
-	if n := leads(t, pool, email); n != 0 {
+	waitSends(t, ctx, 10*time.Second, 2) // a resend while still offline
+	if n := ts.leads(t, email); n != 0 {
 		t.Fatalf("%d leads while offline", n)
 	}
-	blockAPI(t, ctx, srv.URL, false)
+	blockAPI(t, ctx, ts.URL, false)
 	_, text := browser.WaitState(t, ctx, 10*time.Second, "done")
 	if !strings.Contains(text, "Thank you, Ada") {
 		t.Fatalf("page says %q", text)
@@ -150,24 +183,168 @@ func TestLeadOfflineThenOnline(t *testing.T) {
 	if pendingStored(t, ctx) {
 		t.Error("the delivered submission is still pending")
 	}
-	if n := leads(t, pool, email); n != 1 {
+	if n := ts.leads(t, email); n != 1 {
 		t.Fatalf("%d leads", n)
+	}
+}
+
+// The panel's offline switch: a message sent while offline is kept, nothing
+// is sent, and going back online sends it once.
+func TestLeadPanelOfflineThenOnline(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := browser.New(t)
+	email := fmt.Sprintf("switch-%d@example.com", time.Now().UnixNano())
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL), fill(email)); err != nil {
+		t.Fatal(err)
+	}
+	goOffline(t, ctx)
+	click(t, ctx, "#submit")
+	browser.WaitState(t, ctx, 10*time.Second, "pending")
+	time.Sleep(2500 * time.Millisecond) // past the page's resend interval: it must not send while offline
+	if p := ts.posts.Load(); p != 0 {
+		t.Fatalf("%d POSTs while offline", p)
+	}
+	if !pendingStored(t, ctx) {
+		t.Fatal("the message was not kept in localStorage")
+	}
+	click(t, ctx, "#go-offline") // back online now
+	browser.WaitState(t, ctx, 10*time.Second, "done")
+	waitRows(t, ctx, 1)
+	if p := ts.posts.Load(); p != 1 {
+		t.Fatalf("back online, the page sent %d POSTs, want 1", p)
+	}
+	if n := ts.leads(t, email); n != 1 {
+		t.Fatalf("%d leads", n)
+	}
+	var statuses []string
+	for _, r := range browser.Requests(t, ctx) {
+		if r.Method == http.MethodPost {
+			statuses = append(statuses, r.Status)
+		}
+	}
+	if strings.Join(statuses, ",") != "offline,201" {
+		t.Errorf("the panel's POSTs are %v, want the one kept offline and the one sent", statuses)
+	}
+}
+
+// The panel's "drop the next response" switch: the server stores the lead
+// and drops the connection without answering; the page resends with the
+// same key and gets the recorded answer, Idempotent-Replayed: true, which
+// the panel shows, and the row count stays at one. With IDEM_SCREENSHOTS
+// set, the test saves the page to docs/images/lead.png.
+func TestLeadLostResponse(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := browser.New(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL),
+		chromedp.SendKeys(`input[name="name"]`, "Ada Lovelace"),
+		chromedp.SendKeys(`input[name="email"]`, "ada@example.com"),
+		chromedp.SendKeys(`textarea[name="message"]`, "We need a booking page for our climbing gym. Can you call me this week?"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "#drop-next")
+	click(t, ctx, "#submit")
+	_, text := browser.WaitState(t, ctx, 15*time.Second, "done")
+	if !strings.Contains(text, "record") {
+		t.Fatalf("want the replayed answer explained, page says %q", text)
+	}
+	if p := ts.posts.Load(); p < 2 {
+		t.Fatalf("the server saw %d POSTs; the page should have resent", p)
+	}
+	waitRows(t, ctx, 1)
+	var posts []browser.Request
+	for _, r := range browser.Requests(t, ctx) {
+		if r.Method == http.MethodPost {
+			posts = append(posts, r)
+		}
+	}
+	if len(posts) != 2 {
+		t.Fatalf("the panel shows %d POSTs, want the dropped one and its resend: %+v", len(posts), posts)
+	}
+	first, resend := posts[0], posts[1]
+	if first.Status != "no-response" || first.Replayed != "" {
+		t.Errorf("the dropped POST shows as %+v", first)
+	}
+	if first.Key == "" || resend.Key != first.Key {
+		t.Errorf("the resend's key %q is not the first's %q", resend.Key, first.Key)
+	}
+	if resend.Status != "201" || resend.Replayed != "true" {
+		t.Errorf("the resend shows as %+v, want 201 replayed", resend)
+	}
+	var n int
+	if err := ts.pool.QueryRow(context.Background(), `SELECT count(*) FROM leads WHERE idempotency_key = $1`, first.Key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d leads under the key", n)
+	}
+	browser.SaveScreenshot(t, ctx, "../../docs/images/lead.png")
+}
+
+// The form is checked in the page: nothing is sent until the name is given
+// and the e-mail address looks like one, and each field says what is wrong.
+func TestLeadValidatesBeforeSending(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := browser.New(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL)); err != nil {
+		t.Fatal(err)
+	}
+	errorOf := func(field string) string {
+		t.Helper()
+		text, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+			`(() => { const e = document.getElementById("`+field+`-error"); return e.hidden ? "" : e.textContent; })()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return text
+	}
+	email := fmt.Sprintf("checked-%d@example", time.Now().UnixNano()) // .com comes later
+	click(t, ctx, "#submit")
+	browser.WaitState(t, ctx, 5*time.Second, "invalid")
+	if errorOf("name") == "" || errorOf("email") == "" {
+		t.Fatalf("an empty form shows name %q and e-mail %q", errorOf("name"), errorOf("email"))
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(`input[name="name"]`, "Ada"),
+		chromedp.SendKeys(`input[name="email"]`, email),
+	); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "#submit")
+	browser.WaitState(t, ctx, 5*time.Second, "invalid")
+	if msg := errorOf("email"); !strings.Contains(msg, "e-mail address") {
+		t.Errorf("a wrong e-mail address shows %q", msg)
+	}
+	if msg := errorOf("name"); msg != "" {
+		t.Errorf("a given name still shows %q", msg)
+	}
+	if p := ts.posts.Load(); p != 0 || pendingStored(t, ctx) {
+		t.Fatalf("an invalid form was sent (%d POSTs) or kept", p)
+	}
+	if err := chromedp.Do(ctx, chromedp.SendKeys(`input[name="email"]`, ".com")); err != nil {
+		t.Fatal(err)
+	}
+	if msg := errorOf("email"); msg != "" {
+		t.Errorf("a corrected e-mail address still shows %q", msg)
+	}
+	click(t, ctx, "#submit")
+	browser.WaitState(t, ctx, 10*time.Second, "done")
+	if n := ts.leads(t, email+".com"); n != 1 {
+		t.Fatalf("%d leads for the corrected form", n)
 	}
 }
 
 // A pending submission survives a reload and is delivered, once, by the
 // reloaded page with its original key.
 func TestLeadPendingSurvivesReload(t *testing.T) {
-	srv, pool := newTestServer(t)
+	ts := newTestServer(t)
 	ctx := browser.New(t)
 	email := fmt.Sprintf("reload-%d@example.com", time.Now().UnixNano())
-	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL), fill(email)); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL), fill(email)); err != nil {
 		t.Fatal(err)
 	}
-	blockAPI(t, ctx, srv.URL, true)
-	if err := chromedp.Do(ctx, chromedp.Click("#submit")); err != nil {
-		t.Fatal(err)
-	}
+	blockAPI(t, ctx, ts.URL, true)
+	click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "pending")
 	key, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.parse(localStorage.getItem("lead-pending")).key`))
 	if err != nil || key == "" {
@@ -179,13 +356,13 @@ func TestLeadPendingSurvivesReload(t *testing.T) {
 	if !pendingStored(t, ctx) {
 		t.Fatal("the pending submission did not survive the reload")
 	}
-	blockAPI(t, ctx, srv.URL, false)
+	blockAPI(t, ctx, ts.URL, false)
 	browser.WaitState(t, ctx, 10*time.Second, "done")
-	if n := leads(t, pool, email); n != 1 {
+	if n := ts.leads(t, email); n != 1 {
 		t.Fatalf("%d leads", n)
 	}
 	var recorded int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotent_record WHERE key = $1 AND status = 'succeeded'`, key).Scan(&recorded); err != nil {
+	if err := ts.pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotent_record WHERE key = $1 AND status = 'succeeded'`, key).Scan(&recorded); err != nil {
 		t.Fatal(err)
 	}
 	if recorded != 1 {
@@ -196,14 +373,61 @@ func TestLeadPendingSurvivesReload(t *testing.T) {
 // A double click on the lead form sends one request; a resend of the same
 // key is answered with the first result and stores nothing more.
 func TestLeadDoubleClick(t *testing.T) {
-	srv, pool := newTestServer(t)
+	ts := newTestServer(t)
 	ctx := browser.New(t)
 	email := fmt.Sprintf("double-%d@example.com", time.Now().UnixNano())
-	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL), fill(email), chromedp.DoubleClick("#submit")); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL), fill(email), chromedp.DoubleClick("#submit")); err != nil {
 		t.Fatal(err)
 	}
 	browser.WaitState(t, ctx, 10*time.Second, "done")
-	if n := leads(t, pool, email); n != 1 {
+	if n := ts.leads(t, email); n != 1 {
 		t.Fatalf("%d leads", n)
+	}
+	if p := ts.posts.Load(); p != 1 {
+		t.Fatalf("a double click sent %d POSTs", p)
+	}
+}
+
+// A start on a port that is taken fails at once, before it reaches the
+// database; a start that binds says where it listens, serves there, and
+// stops when its context is done.
+func TestRun(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	var out strings.Builder
+	// A database that cannot be reached: the error must be the port's.
+	err = run(context.Background(), taken.Addr().String(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", &out)
+	if err == nil || !strings.Contains(err.Error(), "address already in use") || out.Len() > 0 {
+		t.Fatalf("run on a taken port: %v, announced %q", err, out.String())
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, "127.0.0.1:0", databaseURL(t), pw); pw.Close() }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, pr)
+	_, url, ok := strings.Cut(strings.TrimSpace(line), "listening on ")
+	if !ok {
+		t.Fatalf("run announced %q", line)
+	}
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d", url, res.StatusCode)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run after its context was done: %v", err)
 	}
 }

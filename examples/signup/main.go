@@ -9,9 +9,16 @@
 //
 //	go run ./examples/signup            # then open the URL it prints
 //
+// The page shows every request it sends, with its key, its status and its
+// Idempotent-Replayed header, and has two switches for network trouble: one
+// asks the server to commit the next sign-up and then drop the connection
+// without answering (see dropResponses), the other keeps the page offline
+// for a few seconds. Either way the page resends with the same token, and
+// the answer comes from the record.
+//
 // It connects with DATABASE_URL or the PG* defaults, keeps its tables in the
-// schema signup_example, and seeds an activity and users 1 to 5 (open
-// /?user=2 to be user 2).
+// schema signup_example, and seeds users 1 to 5 (open /?user=2 to be user
+// 2) and, at each start, a new activity with all its seats free.
 package main
 
 import (
@@ -21,18 +28,22 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
-	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/internal/exampledb"
+	"github.com/idemkit/idem/examples/internal/pagekit"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/migrations"
 )
@@ -45,19 +56,40 @@ var static embed.FS
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8081", "listen address")
 	flag.Parse()
-	ctx := context.Background()
-	pool, err := connect(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *addr, os.Getenv("DATABASE_URL"), os.Stdout); err != nil {
 		log.Fatal(err)
+	}
+}
+
+// run serves the example on addr until ctx is done. It binds addr before it
+// touches the database, so that a start that cannot serve (the port is
+// taken) fails without writing anything, and says where to go only once the
+// address is bound.
+func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	pool, err := connect(ctx, databaseURL)
+	if err != nil {
+		return err
 	}
 	defer pool.Close()
 	app, err := newApp(ctx, pool)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
-	fmt.Printf("sign-up example: open http://%s/?user=1 (users 1-5, activity %d)\n", *addr, app.activityID)
-	srv := &http.Server{Addr: *addr, Handler: app.routes(), ReadHeaderTimeout: 5 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	srv := &http.Server{Handler: app.routes(), ReadHeaderTimeout: 5 * time.Second}
+	stopServing := context.AfterFunc(ctx, func() { _ = srv.Shutdown(context.Background()) })
+	defer stopServing()
+	fmt.Fprintf(out, "sign-up example: listening on http://%s/?user=1 (users 1-5, activity %d)\n", ln.Addr(), app.activityID)
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
 
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -68,11 +100,6 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 type app struct {
 	pool       *pgxpool.Pool
 	activityID int64
-	// dropFirst, when positive, makes the server commit a sign-up and then
-	// drop the connection without answering, that many times, after
-	// dropDelay: the lost response of a mobile network, for the tests.
-	dropFirst atomic.Int64
-	dropDelay time.Duration
 }
 
 func newApp(ctx context.Context, pool *pgxpool.Pool) (*app, error) {
@@ -85,9 +112,22 @@ func newApp(ctx context.Context, pool *pgxpool.Pool) (*app, error) {
 	// The unique business key is the last gate: one sign-up per user and
 	// activity, whatever the tokens say.
 	if _, err := pool.Exec(ctx, `
-		CREATE TABLE IF NOT EXISTS activities (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, title text NOT NULL);
+		CREATE TABLE IF NOT EXISTS activities (
+			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			title text NOT NULL,
+			place text NOT NULL DEFAULT '',
+			starts_at timestamptz NOT NULL DEFAULT now(),
+			seats int NOT NULL DEFAULT 12);
+		-- An earlier version of this example made activities without these.
+		ALTER TABLE activities
+			ADD COLUMN IF NOT EXISTS place text NOT NULL DEFAULT '',
+			ADD COLUMN IF NOT EXISTS starts_at timestamptz NOT NULL DEFAULT now(),
+			ADD COLUMN IF NOT EXISTS seats int NOT NULL DEFAULT 12;
 		CREATE TABLE IF NOT EXISTS users (id bigint PRIMARY KEY, name text NOT NULL);
-		INSERT INTO users (id, name) SELECT g, 'user ' || g FROM generate_series(1, 5) g ON CONFLICT DO NOTHING;
+		INSERT INTO users (id, name) VALUES
+			(1, 'Ada Lovelace'), (2, 'Grace Hopper'), (3, 'Alan Turing'),
+			(4, 'Katherine Johnson'), (5, 'Edsger Dijkstra')
+		ON CONFLICT (id) DO UPDATE SET name = excluded.name;
 		CREATE TABLE IF NOT EXISTS signups (
 			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			user_id bigint NOT NULL REFERENCES users,
@@ -96,8 +136,12 @@ func newApp(ctx context.Context, pool *pgxpool.Pool) (*app, error) {
 			UNIQUE (user_id, activity_id))`); err != nil {
 		return nil, err
 	}
+	// Each start adds an activity, three days ahead, with all its seats free.
 	a := &app{pool: pool}
-	if err := pool.QueryRow(ctx, `INSERT INTO activities (title) VALUES ('Launch day') RETURNING id`).Scan(&a.activityID); err != nil {
+	if err := pool.QueryRow(ctx, `
+		INSERT INTO activities (title, place, starts_at, seats)
+		VALUES ('Sunrise trail run', 'Riverside Park, north gate', date_trunc('day', now()) + interval '3 days 7 hours', 12)
+		RETURNING id`).Scan(&a.activityID); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -112,25 +156,26 @@ func userOf(r *http.Request) (int64, error) {
 	return id, nil
 }
 
+func scopeOf(user int64) string { return "user:" + strconv.FormatInt(user, 10) }
+
 func (a *app) routes() http.Handler {
 	mux := http.NewServeMux()
 	sub, _ := fs.Sub(static, "static")
 	mux.Handle("GET /", http.FileServerFS(sub))
-	mux.HandleFunc("GET /api/activity", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"activityId": a.activityID})
-	})
+	mux.Handle("GET "+pagekit.Prefix, pagekit.Handler()) // the stylesheet and panel.js, shared with the other page
+	mux.HandleFunc("GET /api/activity", a.activity)
 	mux.HandleFunc("GET /api/idem-token", a.issueToken)
 	mw, err := idemhttp.Middleware(a.pool, idemhttp.Config{
 		Scope: func(r *http.Request) (string, error) {
 			id, err := userOf(r)
-			return "user:" + strconv.FormatInt(id, 10), err
+			return scopeOf(id), err
 		},
 		Options: []idem.DoOption{idem.RequireIssued()},
 	})
 	if err != nil {
 		panic(err) // a static configuration: a programming error
 	}
-	mux.Handle("POST /api/signup", a.dropping(mw(http.HandlerFunc(a.signup))))
+	mux.Handle("POST /api/signup", dropResponses(mw(http.HandlerFunc(a.signup))))
 	return mux
 }
 
@@ -140,88 +185,183 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// problem answers an RFC 9457 problem, shaped like idemhttp's own, so that
+// the page reads every refusal the same way: code for the program, detail
+// for the person.
+func problem(w http.ResponseWriter, status int, code, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"type": "about:blank", "title": http.StatusText(status), "status": status,
+		"code": code, "detail": detail,
+	})
+}
+
+// internalError logs err and answers 500 without its text, which may quote
+// SQL or name tables. idemhttp records no 5xx: the page may retry.
+func internalError(w http.ResponseWriter, r *http.Request, err error) {
+	log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
+	problem(w, http.StatusInternalServerError, "internal", "Something went wrong on our side; please try again.")
+}
+
+// unknownUser answers a request from a user the demo does not know.
+func unknownUser(w http.ResponseWriter, r *http.Request) {
+	problem(w, http.StatusUnauthorized, "unknown-user",
+		fmt.Sprintf("There is no user %q in this demo: open the page as user 1 to 5 (?user=1).", r.Header.Get("X-User")))
+}
+
+// activity tells the page what it shows when it opens and after each
+// answer: the activity and its free seats, for anyone, and, for a known
+// user, who they are and whether they hold a seat, so that a reload after
+// signing up says so.
+func (a *app) activity(w http.ResponseWriter, r *http.Request) {
+	user, _ := userOf(r) // 0, no user, when unknown
+	type activity struct {
+		ID        int64     `json:"id"`
+		Title     string    `json:"title"`
+		Place     string    `json:"place"`
+		StartsAt  time.Time `json:"startsAt"`
+		Seats     int       `json:"seats"`
+		SeatsLeft int       `json:"seatsLeft"`
+	}
+	type person struct {
+		ID   int64  `json:"id"`
+		Name string `json:"name"`
+	}
+	var resp struct {
+		Activity activity `json:"activity"`
+		User     *person  `json:"user"` // null for an unknown user
+		// SignupID is the user's sign-up, if any.
+		SignupID *int64 `json:"signupId"`
+		// Rows counts the user's rows in signups for the activity: the
+		// number the page shows to prove that resends added none.
+		Rows int `json:"rows"`
+	}
+	act := &resp.Activity
+	var userID *int64
+	var name *string
+	err := a.pool.QueryRow(r.Context(), `
+		SELECT a.id, a.title, a.place, a.starts_at, a.seats,
+		       a.seats - (SELECT count(*) FROM signups s WHERE s.activity_id = a.id),
+		       u.id, u.name,
+		       (SELECT min(s.id) FROM signups s WHERE s.activity_id = a.id AND s.user_id = u.id),
+		       (SELECT count(*) FROM signups s WHERE s.activity_id = a.id AND s.user_id = u.id)
+		FROM activities a LEFT JOIN users u ON u.id = $2
+		WHERE a.id = $1`, a.activityID, user).Scan(
+		&act.ID, &act.Title, &act.Place, &act.StartsAt, &act.Seats, &act.SeatsLeft,
+		&userID, &name, &resp.SignupID, &resp.Rows)
+	if err != nil {
+		internalError(w, r, err)
+		return
+	}
+	if userID != nil {
+		resp.User = &person{ID: *userID, Name: *name}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
 // issueToken hands the page a submission token when it opens.
 func (a *app) issueToken(w http.ResponseWriter, r *http.Request) {
 	user, err := userOf(r)
 	if err != nil {
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"message": err.Error()})
+		unknownUser(w, r)
 		return
 	}
-	token, err := idem.IssueToken(r.Context(), a.pool, "user:"+strconv.FormatInt(user, 10), 30*time.Minute)
+	token, err := idem.IssueToken(r.Context(), a.pool, scopeOf(user), 30*time.Minute)
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"message": err.Error()})
+		internalError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"token": token})
 }
 
-// signup runs once per token, inside the request's transaction.
+// signup runs once per token, inside the request's transaction: its writes
+// and its answer commit together, and a repeat of the token gets this
+// answer again without running it.
 func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 	user, _ := userOf(r) // the middleware checked it
 	var req struct {
 		ActivityID int64 `json:"activityId"`
 	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ActivityID == 0 {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"ok": false, "message": "want {\"activityId\": N}"})
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ActivityID <= 0 {
+		problem(w, http.StatusBadRequest, "bad-request", `Send {"activityId": N}.`)
 		return
 	}
-	var id int64
-	created, err := idem.InsertOrGet(r.Context(), idemhttp.Tx(r.Context()),
-		idem.Query{SQL: `INSERT INTO signups (user_id, activity_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id`, Args: []any{user, req.ActivityID}},
-		idem.Query{SQL: `SELECT id FROM signups WHERE user_id = $1 AND activity_id = $2`, Args: []any{user, req.ActivityID}},
-		&id)
+	ctx, tx := r.Context(), idemhttp.Tx(r.Context())
+
+	// Lock the activity: sign-ups to it queue here, so that the free seats
+	// counted now are still free when this transaction commits. A missing
+	// activity is a 404 here, rather than a foreign key error later.
+	var seatsLeft int
+	err := tx.QueryRow(ctx, `
+		SELECT a.seats - (SELECT count(*) FROM signups s WHERE s.activity_id = a.id)
+		FROM activities a WHERE a.id = $1 FOR UPDATE`, req.ActivityID).Scan(&seatsLeft)
+	if errors.Is(err, pgx.ErrNoRows) {
+		problem(w, http.StatusNotFound, "activity-not-found", fmt.Sprintf("There is no activity %d.", req.ActivityID))
+		return
+	}
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]any{"ok": false, "message": err.Error()})
+		internalError(w, r, err)
+		return
+	}
+
+	var id int64
+	created := false
+	lookup := idem.Query{SQL: `SELECT id FROM signups WHERE user_id = $1 AND activity_id = $2`, Args: []any{user, req.ActivityID}}
+	if seatsLeft > 0 {
+		// The business key decides: a second device (another token) gets
+		// the existing sign-up, not an error.
+		created, err = idem.InsertOrGet(ctx, tx,
+			idem.Query{SQL: `INSERT INTO signups (user_id, activity_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id`, Args: []any{user, req.ActivityID}},
+			lookup, &id)
+	} else {
+		// Full, unless this user already holds one of the seats.
+		err = tx.QueryRow(ctx, lookup.SQL, lookup.Args...).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// 422, not 409: idemhttp records the answer, and a resend of
+			// this token gets it again. (A 409 is left unrecorded for the
+			// client to retry.)
+			problem(w, http.StatusUnprocessableEntity, "activity-full", "Sorry, every seat is taken.")
+			return
+		}
+	}
+	if err != nil {
+		internalError(w, r, err)
 		return
 	}
 	if !created {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "already": true, "signupId": id, "message": "You are already signed up."})
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"ok": true, "signupId": id, "message": "Signed up!"})
+	writeJSON(w, http.StatusCreated, map[string]any{"ok": true, "signupId": id, "seatsLeft": seatsLeft - 1, "message": "Signed up! See you at the start."})
 }
 
-// dropping commits the sign-up, then, for the first dropFirst requests,
-// waits dropDelay and drops the connection instead of answering.
-func (a *app) dropping(next http.Handler) http.Handler {
+// dropHeader is set by the page's "drop the next response" switch.
+const dropHeader = "X-Demo-Drop-Response"
+
+// dropResponses loses answers on request, for the demo: a request carrying
+// dropHeader runs as usual (the middleware commits the sign-up and records
+// its answer), then the connection is cut without a response, as when a
+// phone leaves the network at the wrong moment. The page cannot tell
+// whether the sign-up happened, so it resends with the same token and gets
+// the recorded answer, marked Idempotent-Replayed: true. A header rather
+// than a query flag, since the query is part of the request's fingerprint:
+// the resend, without it, is the same request. A real service has no such
+// switch.
+func dropResponses(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.dropFirst.Load() <= 0 {
+		if r.Header.Get(dropHeader) == "" {
 			next.ServeHTTP(w, r)
 			return
 		}
-		rec := &bufferedWriter{header: http.Header{}}
-		next.ServeHTTP(rec, r) // committed here
-		if rec.status < 300 && a.dropFirst.Add(-1) >= 0 {
-			time.Sleep(a.dropDelay)
-			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
-				conn.Close()
-			}
-			return
-		}
-		for k, vs := range rec.header {
-			w.Header()[k] = vs
-		}
-		w.WriteHeader(rec.status)
-		_, _ = w.Write(rec.body)
+		next.ServeHTTP(discard{http.Header{}}, r) // committed here
+		panic(http.ErrAbortHandler)               // net/http closes the connection, answering nothing
 	})
 }
 
-type bufferedWriter struct {
-	header http.Header
-	status int
-	body   []byte
-}
+// discard is a ResponseWriter that throws the response away.
+type discard struct{ header http.Header }
 
-func (b *bufferedWriter) Header() http.Header { return b.header }
-func (b *bufferedWriter) WriteHeader(s int) {
-	if b.status == 0 {
-		b.status = s
-	}
-}
-func (b *bufferedWriter) Write(p []byte) (int, error) {
-	if b.status == 0 {
-		b.status = http.StatusOK
-	}
-	b.body = append(b.body, p...)
-	return len(p), nil
-}
+func (d discard) Header() http.Header       { return d.header }
+func (discard) WriteHeader(int)             {}
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

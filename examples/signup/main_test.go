@@ -1,10 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,14 +31,19 @@ type testServer struct {
 	posts atomic.Int64
 }
 
-func newTestServer(t *testing.T) *testServer {
+func databaseURL(t *testing.T) string {
 	t.Helper()
 	url := os.Getenv("TEST_DATABASE_URL")
 	if url == "" {
 		t.Fatal("TEST_DATABASE_URL is not set: point it at a PostgreSQL database (see README.md)")
 	}
+	return url
+}
+
+func newTestServer(t *testing.T) *testServer {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := connect(ctx, url)
+	pool, err := connect(ctx, databaseURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,13 +74,51 @@ func (ts *testServer) signups(t *testing.T, user int) int {
 	return n
 }
 
-func TestSignupPageDoubleClick(t *testing.T) {
-	ts := newTestServer(t)
-	ctx := browser.New(t)
-	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL+"/?user=1")); err != nil {
+// open opens the page as user and waits until it is ready to sign up.
+func (ts *testServer) open(t *testing.T, ctx context.Context, user int) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/?user=%d", ts.URL, user))); err != nil {
 		t.Fatal(err)
 	}
 	browser.WaitState(t, ctx, 10*time.Second, "ready")
+}
+
+// goOffline turns the panel's offline switch on, for longer than the test
+// takes, so that the test, not the clock, brings the page back online.
+func goOffline(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.getElementById("go-offline").dataset.seconds = 600`)); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "#go-offline")
+}
+
+func click(t *testing.T, ctx context.Context, sel string) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Click(sel)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func buttonDisabled(t *testing.T, ctx context.Context) bool {
+	t.Helper()
+	disabled, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("submit").disabled`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return disabled
+}
+
+// waitRows waits until the panel shows n rows in signups.
+func waitRows(t *testing.T, ctx context.Context, n int) {
+	t.Helper()
+	browser.Wait(t, ctx, 10*time.Second, fmt.Sprintf(`document.getElementById("rows").dataset.rows === "%d"`, n))
+}
+
+func TestSignupPageDoubleClick(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := browser.New(t)
+	ts.open(t, ctx, 1)
 	if err := chromedp.Do(ctx, chromedp.DoubleClick("#submit")); err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +126,7 @@ func TestSignupPageDoubleClick(t *testing.T) {
 	if !strings.Contains(text, "Signed up") {
 		t.Fatalf("page says %q", text)
 	}
-	disabled, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("submit").disabled`))
-	if !disabled {
+	if !buttonDisabled(t, ctx) {
 		t.Error("the button is enabled again after the token was spent")
 	}
 	if n := ts.signups(t, 1); n != 1 {
@@ -89,51 +137,282 @@ func TestSignupPageDoubleClick(t *testing.T) {
 	}
 }
 
-// The server commits the sign-up, waits, and drops the connection without
-// answering; the page retries with the same token and shows the replayed
-// answer, with one sign-up.
+// The panel's "drop the next response" switch: the server commits the
+// sign-up and drops the connection without answering; the page resends
+// with the same token and gets the recorded answer, Idempotent-Replayed:
+// true, which the panel shows, and the row count stays at one. With
+// IDEM_SCREENSHOTS set, the test saves the page to docs/images/signup.png.
 func TestSignupPageLostResponse(t *testing.T) {
 	ts := newTestServer(t)
-	ts.app.dropFirst.Store(1)
-	ts.app.dropDelay = 300 * time.Millisecond
 	ctx := browser.New(t)
-	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL+"/?user=2"), chromedp.WaitVisible("#submit")); err != nil {
-		t.Fatal(err)
-	}
-	browser.WaitState(t, ctx, 10*time.Second, "ready")
-	if err := chromedp.Do(ctx, chromedp.Click("#submit")); err != nil {
-		t.Fatal(err)
-	}
+	ts.open(t, ctx, 2)
+	click(t, ctx, "#drop-next")
+	click(t, ctx, "#submit")
 	_, text := browser.WaitState(t, ctx, 15*time.Second, "done")
-	if !strings.Contains(text, "(confirmed)") {
-		t.Fatalf("want the replayed answer, page says %q", text)
+	if !strings.Contains(text, "record") {
+		t.Fatalf("want the replayed answer explained, page says %q", text)
 	}
 	if n := ts.signups(t, 2); n != 1 {
 		t.Fatalf("%d sign-ups", n)
 	}
 	if p := ts.posts.Load(); p < 2 {
-		t.Fatalf("the page sent %d POSTs; it should have retried", p)
+		t.Fatalf("the server saw %d POSTs; the page should have resent", p)
+	}
+	waitRows(t, ctx, 1)
+
+	var posts []browser.Request
+	for _, r := range browser.Requests(t, ctx) {
+		if r.Method == http.MethodPost {
+			posts = append(posts, r)
+		}
+	}
+	if len(posts) != 2 {
+		t.Fatalf("the panel shows %d POSTs, want the dropped one and its resend: %+v", len(posts), posts)
+	}
+	first, resend := posts[0], posts[1]
+	if first.Status != "no-response" || first.Replayed != "" {
+		t.Errorf("the dropped POST shows as %+v", first)
+	}
+	if first.Key == "" || resend.Key != first.Key {
+		t.Errorf("the resend's key %q is not the first's %q", resend.Key, first.Key)
+	}
+	if resend.Status != "201" || resend.Replayed != "true" {
+		t.Errorf("the resend shows as %+v, want 201 replayed", resend)
+	}
+	browser.SaveScreenshot(t, ctx, "../../docs/images/signup.png")
+}
+
+// The panel's offline switch: a sign-up while offline is kept, nothing is
+// sent, and going back online sends it once.
+func TestSignupPageOfflineThenOnline(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := browser.New(t)
+	ts.open(t, ctx, 4)
+	goOffline(t, ctx)
+	click(t, ctx, "#submit")
+	browser.WaitState(t, ctx, 10*time.Second, "pending")
+	time.Sleep(2500 * time.Millisecond) // past the page's resend interval: it must not send while offline
+	if p := ts.posts.Load(); p != 0 {
+		t.Fatalf("%d POSTs while offline", p)
+	}
+	click(t, ctx, "#go-offline") // back online now
+	browser.WaitState(t, ctx, 10*time.Second, "done")
+	waitRows(t, ctx, 1)
+	if p := ts.posts.Load(); p != 1 {
+		t.Fatalf("back online, the page sent %d POSTs, want 1", p)
+	}
+	if n := ts.signups(t, 4); n != 1 {
+		t.Fatalf("%d sign-ups", n)
+	}
+	rows := browser.Requests(t, ctx)
+	var statuses []string
+	for _, r := range rows {
+		if r.Method == http.MethodPost {
+			statuses = append(statuses, r.Status)
+		}
+	}
+	if strings.Join(statuses, ",") != "offline,201" {
+		t.Errorf("the panel's POSTs are %v, want the one kept offline and the one sent", statuses)
 	}
 }
 
-// A second device (another page, another token) gets "already signed up".
+// A second device (another page, another token) that opened before the
+// first signed up gets "already signed up".
 func TestSignupPageSecondDevice(t *testing.T) {
 	ts := newTestServer(t)
-	ctx := browser.New(t)
-	for i, want := range []string{"done", "already"} {
-		if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL+"/?user=3")); err != nil {
-			t.Fatal(err)
-		}
-		browser.WaitState(t, ctx, 10*time.Second, "ready")
-		if err := chromedp.Do(ctx, chromedp.Click("#submit")); err != nil {
-			t.Fatal(err)
-		}
-		state, text := browser.WaitState(t, ctx, 10*time.Second, "done", "already", "error")
-		if state != want {
-			t.Fatalf("device %d: %s %q, want %s", i+1, state, text, want)
+	phone := browser.New(t)
+	laptop, cancel := chromedp.NewContext(phone) // another tab: another page, another token
+	t.Cleanup(cancel)
+	ts.open(t, phone, 3)
+	ts.open(t, laptop, 3)
+	for i, dev := range []struct {
+		ctx  context.Context
+		want string
+	}{{phone, "done"}, {laptop, "already"}} {
+		click(t, dev.ctx, "#submit")
+		state, text := browser.WaitState(t, dev.ctx, 10*time.Second, "done", "already", "error")
+		if state != dev.want {
+			t.Fatalf("device %d: %s %q, want %s", i+1, state, text, dev.want)
 		}
 	}
 	if n := ts.signups(t, 3); n != 1 {
 		t.Fatalf("%d sign-ups", n)
+	}
+}
+
+// After a sign-up, a reload asks the server and says so, with the button
+// disabled.
+func TestSignupPageReloadAfterSignup(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := browser.New(t)
+	ts.open(t, ctx, 5)
+	click(t, ctx, "#submit")
+	browser.WaitState(t, ctx, 10*time.Second, "done")
+	if err := chromedp.Do(ctx, chromedp.Reload()); err != nil {
+		t.Fatal(err)
+	}
+	_, text := browser.WaitState(t, ctx, 10*time.Second, "signed-up")
+	if !strings.Contains(text, "You are signed up") {
+		t.Fatalf("after a reload the page says %q", text)
+	}
+	if !buttonDisabled(t, ctx) {
+		t.Error("the button is enabled for a user who is signed up")
+	}
+	waitRows(t, ctx, 1)
+	if p := ts.posts.Load(); p != 1 {
+		t.Fatalf("%d POSTs", p)
+	}
+}
+
+// An unknown user is told so, and cannot sign up.
+func TestSignupPageUnknownUser(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := browser.New(t)
+	for _, user := range []string{"9", "abc"} {
+		if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL+"/?user="+user)); err != nil {
+			t.Fatal(err)
+		}
+		_, text := browser.WaitState(t, ctx, 10*time.Second, "unauthorized")
+		if !strings.Contains(text, "“"+user+"”") || !strings.Contains(text, "users 1 to 5") {
+			t.Errorf("user %s: the page says %q", user, text)
+		}
+		if !buttonDisabled(t, ctx) {
+			t.Errorf("user %s: the button is enabled", user)
+		}
+	}
+	if p := ts.posts.Load(); p != 0 {
+		t.Fatalf("%d POSTs", p)
+	}
+}
+
+// signUp asks for a token as user and signs up with it to activity, as the
+// page does, and returns the answer's status, content type and body.
+func (ts *testServer) signUp(t *testing.T, user int, activity int64) (int, string, []byte) {
+	t.Helper()
+	get, _ := http.NewRequest(http.MethodGet, ts.URL+"/api/idem-token", nil)
+	get.Header.Set("X-User", strconv.Itoa(user))
+	res, err := http.DefaultClient.Do(get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tok struct{ Token string }
+	err = json.NewDecoder(res.Body).Decode(&tok)
+	res.Body.Close()
+	if err != nil || tok.Token == "" {
+		t.Fatalf("no token: %d %v", res.StatusCode, err)
+	}
+	post, _ := http.NewRequest(http.MethodPost, ts.URL+"/api/signup", strings.NewReader(fmt.Sprintf(`{"activityId": %d}`, activity)))
+	post.Header.Set("X-User", strconv.Itoa(user))
+	post.Header.Set("Idempotency-Key", `"`+tok.Token+`"`)
+	res, err = http.DefaultClient.Do(post)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, res.Header.Get("Content-Type"), body
+}
+
+// A sign-up to an activity that does not exist is a 404 problem that quotes
+// no SQL, not a 500 with the foreign key's error.
+func TestSignupUnknownActivity(t *testing.T) {
+	ts := newTestServer(t)
+	status, ctype, body := ts.signUp(t, 1, 999999999)
+	if status != http.StatusNotFound || ctype != "application/problem+json" {
+		t.Fatalf("%d %s: %s", status, ctype, body)
+	}
+	var p struct{ Code, Detail string }
+	if err := json.Unmarshal(body, &p); err != nil || p.Code != "activity-not-found" {
+		t.Fatalf("%s (%v)", body, err)
+	}
+	for _, leak := range []string{"violates", "foreign key", "SQLSTATE", "signups", "activities"} {
+		if strings.Contains(string(body), leak) {
+			t.Errorf("the answer quotes %q: %s", leak, body)
+		}
+	}
+}
+
+// A full activity refuses newcomers (422, recorded like any refusal) and
+// still answers "already signed up" to those who hold a seat.
+func TestSignupFull(t *testing.T) {
+	ts := newTestServer(t)
+	if _, err := ts.app.pool.Exec(context.Background(), `UPDATE activities SET seats = 1 WHERE id = $1`, ts.app.activityID); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		user, want int
+	}{{1, http.StatusCreated}, {2, http.StatusUnprocessableEntity}, {1, http.StatusOK}} {
+		status, _, body := ts.signUp(t, step.user, ts.app.activityID)
+		if status != step.want {
+			t.Fatalf("user %d: %d %s, want %d", step.user, status, body, step.want)
+		}
+	}
+	if n := ts.signups(t, 1) + ts.signups(t, 2); n != 1 {
+		t.Fatalf("%d sign-ups for one seat", n)
+	}
+}
+
+// A start on a port that is taken fails before it writes anything: no new
+// activity, and no "listening on".
+func TestRunPortTaken(t *testing.T) {
+	ts := newTestServer(t) // makes the tables
+	activities := func() int {
+		t.Helper()
+		var n int
+		if err := ts.app.pool.QueryRow(context.Background(), `SELECT count(*) FROM activities`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	before := activities()
+	var out strings.Builder
+	if err := run(context.Background(), taken.Addr().String(), databaseURL(t), &out); err == nil {
+		t.Fatal("run served on a port that is taken")
+	}
+	if out.Len() > 0 {
+		t.Errorf("run announced %q", out.String())
+	}
+	if after := activities(); after != before {
+		t.Fatalf("activities went from %d to %d: the failed start wrote", before, after)
+	}
+}
+
+// run says where it listens once it does, serves there, and stops when its
+// context is done.
+func TestRunServes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, "127.0.0.1:0", databaseURL(t), pw); pw.Close() }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, pr)
+	_, url, ok := strings.Cut(strings.TrimSpace(line), "listening on ")
+	url, _, _ = strings.Cut(url, " ")
+	if !ok {
+		t.Fatalf("run announced %q", line)
+	}
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d", url, res.StatusCode)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run after its context was done: %v", err)
 	}
 }

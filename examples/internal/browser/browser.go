@@ -1,8 +1,8 @@
 // Package browser starts the machine's Chromium for the examples' page
 // tests: headless, without a sandbox (the tests may run as root), with its
 // background networking off (this machine's network is closed), in a fresh
-// profile. Without Chromium the tests fail with a message saying how to
-// install it; they never skip.
+// profile, with a viewport of a desktop's size. Without Chromium the tests
+// fail with a message saying how to install it; they never skip.
 package browser
 
 import (
@@ -19,6 +19,12 @@ import (
 
 // Path is where Debian's chromium package puts the browser.
 const Path = "/usr/bin/chromium"
+
+// Width and Height are the size of the page's viewport: a desktop's.
+const (
+	Width  = 1280
+	Height = 800
+)
 
 // New returns a chromedp context with a started browser, closed at the end
 // of the test.
@@ -51,7 +57,7 @@ func New(t *testing.T) context.Context {
 			screenshot(t, ctx)
 		}
 	})
-	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank"), chromedp.EmulateViewport(Width, Height)); err != nil {
 		t.Fatalf("starting Chromium: %v", err)
 	}
 	return ctx
@@ -79,6 +85,30 @@ func screenshot(t *testing.T, ctx context.Context) {
 	t.Logf("screenshot of the page: %s", name)
 }
 
+// SaveScreenshot saves the page as the browser shows it (Width x Height) to
+// path, when IDEM_SCREENSHOTS is set: the pictures of the pages in
+// docs/images are made this way. Without the variable it does nothing, so
+// that a test run leaves the working tree as it was.
+func SaveScreenshot(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	if os.Getenv("IDEM_SCREENSHOTS") == "" {
+		return
+	}
+	// Let the page's highlights fade and its fonts settle first.
+	time.Sleep(1500 * time.Millisecond)
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	t.Logf("screenshot of the page: %s", path)
+}
+
 // WaitState waits until the page's #status element has data-state in one of
 // states, and returns the state and the status text.
 func WaitState(t *testing.T, ctx context.Context, timeout time.Duration, states ...string) (string, string) {
@@ -101,4 +131,49 @@ func WaitState(t *testing.T, ctx context.Context, timeout time.Duration, states 
 	text, _ = chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("status")?.textContent || ""`))
 	t.Fatalf("the page did not reach %v within %v; it is %q: %q", states, timeout, state, text)
 	return "", ""
+}
+
+// Wait waits until the JavaScript expression js is true in the page, and
+// fails the test, quoting js, if it is not within timeout.
+func Wait(t *testing.T, ctx context.Context, timeout time.Duration, js string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("Boolean("+js+")"))
+		if err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the page did not get to %s within %v (%v)", js, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Request is a row of the request panel of the examples' pages (the #log
+// table that their panel.js fills).
+type Request struct {
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	// Key is the Idempotency-Key, "" for none.
+	Key string `json:"key"`
+	// Status is the HTTP status, "pending" while the request is on its
+	// way, "no-response" when none came, "offline" when the page's offline
+	// switch kept it from being sent.
+	Status string `json:"status"`
+	// Replayed is the Idempotent-Replayed header, "" when absent.
+	Replayed string `json:"replayed"`
+}
+
+// Requests returns the rows of the page's request panel, oldest first.
+func Requests(t *testing.T, ctx context.Context) []Request {
+	t.Helper()
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]Request](`[...document.querySelectorAll("#log tr[data-method]")].map((tr) => ({
+  method: tr.dataset.method, path: tr.dataset.path, key: tr.dataset.key,
+  status: tr.dataset.status, replayed: tr.dataset.replayed,
+}))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
 }
