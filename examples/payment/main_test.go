@@ -32,15 +32,15 @@ func TestPaymentChargedOnce(t *testing.T) {
 		}
 	}
 
-	// The README shows this run's output: it must be what the example
-	// prints, the random payment reference aside.
-	readme, err := os.ReadFile("../../README.md")
+	// The example's README.md shows a run's output: it must be what the
+	// example prints, the random payment reference aside.
+	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	shown := transcript(string(readme), "worker A claimed ")
 	if shown == "" {
-		t.Fatal("README.md has no transcript of this example (a text block starting with \"worker A claimed\")")
+		t.Fatal("README.md of this example has no transcript (a text block starting with \"worker A claimed\")")
 	}
 	if got, want := normalize(out.String()), normalize(shown); got != want {
 		t.Errorf("README.md's transcript differs from what the example prints; replace it with:\n%s", out.String())
