@@ -93,11 +93,13 @@ func ExampleMiddleware() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "sign-up %d", id)
 	})
-	srv := httptest.NewServer(mw(signup))
+	mux := http.NewServeMux()
+	mux.Handle("POST /signups", mw(signup)) // runs once per (user, key)
+	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
 	for range 2 {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("ada"))
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/signups", strings.NewReader("ada"))
 		req.Header.Set("X-User", "42")
 		req.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
 		resp, err := http.DefaultClient.Do(req)
