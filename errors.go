@@ -132,10 +132,12 @@ func IsRetryable(err error) bool {
 
 // explainMissingTable adds to *errp, when a statement failed because a table
 // the call names does not exist (SQLSTATE 42P01), how to create it. Other
-// errors, and a missing table of the caller's own, stay as they are.
+// errors, a missing table of the caller's own, and an error already
+// explained (by an idem call nested in fn) stay as they are.
 func (c *config) explainMissingTable(errp *error) {
 	err := *errp
-	if err == nil || pgerr.Code(err) != pgerr.UndefinedTable {
+	var done *missingTableError
+	if err == nil || pgerr.Code(err) != pgerr.UndefinedTable || errors.As(err, &done) {
 		return
 	}
 	for _, t := range []string{c.q.table, c.inbox.table} {
@@ -143,8 +145,21 @@ func (c *config) explainMissingTable(errp *error) {
 		// relation "schema.table" does not exist.
 		name := strings.ReplaceAll(t, `"`, "")
 		if strings.Contains(err.Error(), `"`+name+`"`) {
-			*errp = fmt.Errorf("idem: table %s does not exist: create it with migrations.Up (or 'idem migrate up'), naming the same schema and table: %w", name, err)
+			*errp = &missingTableError{table: name, err: err}
 			return
 		}
 	}
 }
+
+// missingTableError is the error of a statement on one of idem's tables that
+// does not exist, saying how to create it.
+type missingTableError struct {
+	table string
+	err   error
+}
+
+func (e *missingTableError) Error() string {
+	return "idem: table " + e.table + " does not exist: create it with migrations.Up (or 'idem migrate up'), naming the same schema and table: " + e.err.Error()
+}
+
+func (e *missingTableError) Unwrap() error { return e.err }

@@ -71,8 +71,15 @@ func TestMissingTableSaysHowToCreateIt(t *testing.T) {
 		})
 	}
 
+	// An idem call nested in fn explains its error once, not once per call.
+	_, err := idem.Do(ctx, pool, idem.Key{Scope: "s", ID: "nested"}, func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		return idem.ConsumeOnce(ctx, tx, "c", "m", func(context.Context, pgx.Tx) error { return nil }, noInbox)
+	}, s.Opt, noInbox)
+	require.Error(t, err)
+	require.Equal(t, 1, strings.Count(err.Error(), "create it with migrations.Up"), err.Error())
+
 	// fn's own missing table is fn's error, unexplained.
-	_, err := idem.Do(ctx, pool, idem.Key{Scope: "s", ID: "own"}, func(ctx context.Context, tx pgx.Tx) (int, error) {
+	_, err = idem.Do(ctx, pool, idem.Key{Scope: "s", ID: "own"}, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{s.Name, "orders_missing"}.Sanitize()+` VALUES (1)`)
 		return 0, err
 	}, s.Opt)

@@ -81,13 +81,21 @@ func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	stopServing := context.AfterFunc(ctx, func() { _ = srv.Shutdown(context.Background()) })
+	// Once ctx is done, stop taking requests and let those in flight finish
+	// (for up to 10s) before the pool closes: an answer cut off here is
+	// exactly the lost response the page guards against.
+	shutdown := make(chan error, 1)
+	stopServing := context.AfterFunc(ctx, func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shutdown <- srv.Shutdown(c)
+	})
 	defer stopServing()
 	fmt.Fprintf(out, "lead form example: listening on http://%s/\n", ln.Addr())
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	return nil
+	return <-shutdown
 }
 
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {

@@ -177,6 +177,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// internalError logs err and answers a 500 that quotes none of it: SQL text
+// and table names are for the server's log, not for clients.
+func internalError(w http.ResponseWriter, r *http.Request, err error) {
+	log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
+	writeProblem(w, http.StatusInternalServerError, "internal", "Something went wrong on our side; please try again.")
+}
+
 // problem is an RFC 9457 problem details object, in the form idemhttp's
 // middleware answers its own errors: Code names the error for programs,
 // Detail explains it to people.
@@ -259,7 +266,7 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
@@ -282,11 +289,11 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusUnprocessableEntity, "idempotency-key-reused", "This Idempotency-Key was used with a different body.")
 		return
 	case err != nil:
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	if res.Replayed {
@@ -313,11 +320,11 @@ func (s *service) transition(w http.ResponseWriter, r *http.Request) {
 	if to == "PAID" {
 		opts = append(opts, idem.Set("paid_at", time.Now()))
 	}
-	s.respondTransition(r.Context(), w, s.pool, id, to, opts...)
+	s.respondTransition(w, r, s.pool, id, to, opts...)
 }
 
-func (s *service) respondTransition(ctx context.Context, w http.ResponseWriter, db idem.DBTX, id int64, to string, opts ...idem.TransitionOption) {
-	res, err := s.orders.Transition(ctx, db, id, to, opts...)
+func (s *service) respondTransition(w http.ResponseWriter, r *http.Request, db idem.DBTX, id int64, to string, opts ...idem.TransitionOption) {
+	res, err := s.orders.Transition(r.Context(), db, id, to, opts...)
 	var te *idem.TransitionError
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
@@ -327,7 +334,7 @@ func (s *service) respondTransition(ctx context.Context, w http.ResponseWriter, 
 		p.State = te.Current
 		p.write(w)
 	case err != nil:
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 	default:
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "from": res.From, "status": to, "applied": res.Applied, "version": res.Version})
 	}
@@ -352,7 +359,7 @@ func (s *service) paymentEvent(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
@@ -379,11 +386,11 @@ func (s *service) paymentEvent(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "order-not-found", "No such order.")
 		return
 	case err != nil:
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	resp := map[string]any{"processed": processed, "order_paid_now": applied}
@@ -409,7 +416,7 @@ func (s *service) getOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	type step struct {
@@ -420,7 +427,7 @@ func (s *service) getOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	rows, err := s.pool.Query(ctx, `SELECT from_state, to_state, version, changed_at FROM order_history WHERE entity_id = $1 ORDER BY id`, id)
 	if err != nil {
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	history, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (step, error) {
@@ -428,7 +435,7 @@ func (s *service) getOrder(w http.ResponseWriter, r *http.Request) {
 		return s, r.Scan(&s.From, &s.To, &s.Version, &s.At)
 	})
 	if err != nil {
-		writeProblem(w, http.StatusInternalServerError, "internal", err.Error())
+		internalError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"order": o, "history": history})

@@ -83,13 +83,21 @@ func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
 		return err
 	}
 	srv := &http.Server{Handler: app.routes(), ReadHeaderTimeout: 5 * time.Second}
-	stopServing := context.AfterFunc(ctx, func() { _ = srv.Shutdown(context.Background()) })
+	// Once ctx is done, stop taking requests and let those in flight finish
+	// (for up to 10s) before the pool closes: an answer cut off here is
+	// exactly the lost response the page guards against.
+	shutdown := make(chan error, 1)
+	stopServing := context.AfterFunc(ctx, func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shutdown <- srv.Shutdown(c)
+	})
 	defer stopServing()
 	fmt.Fprintf(out, "sign-up example: listening on http://%s/?user=1 (users 1-5, activity %d)\n", ln.Addr(), app.activityID)
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	return nil
+	return <-shutdown
 }
 
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -117,12 +125,14 @@ func newApp(ctx context.Context, pool *pgxpool.Pool) (*app, error) {
 			title text NOT NULL,
 			place text NOT NULL DEFAULT '',
 			starts_at timestamptz NOT NULL DEFAULT now(),
-			seats int NOT NULL DEFAULT 12);
+			seats int NOT NULL DEFAULT 12,
+			taken int NOT NULL DEFAULT 0);
 		-- An earlier version of this example made activities without these.
 		ALTER TABLE activities
 			ADD COLUMN IF NOT EXISTS place text NOT NULL DEFAULT '',
 			ADD COLUMN IF NOT EXISTS starts_at timestamptz NOT NULL DEFAULT now(),
-			ADD COLUMN IF NOT EXISTS seats int NOT NULL DEFAULT 12;
+			ADD COLUMN IF NOT EXISTS seats int NOT NULL DEFAULT 12,
+			ADD COLUMN IF NOT EXISTS taken int NOT NULL DEFAULT 0;
 		CREATE TABLE IF NOT EXISTS users (id bigint PRIMARY KEY, name text NOT NULL);
 		INSERT INTO users (id, name) VALUES
 			(1, 'Ada Lovelace'), (2, 'Grace Hopper'), (3, 'Alan Turing'),
@@ -241,8 +251,7 @@ func (a *app) activity(w http.ResponseWriter, r *http.Request) {
 	var userID *int64
 	var name *string
 	err := a.pool.QueryRow(r.Context(), `
-		SELECT a.id, a.title, a.place, a.starts_at, a.seats,
-		       a.seats - (SELECT count(*) FROM signups s WHERE s.activity_id = a.id),
+		SELECT a.id, a.title, a.place, a.starts_at, a.seats, a.seats - a.taken,
 		       u.id, u.name,
 		       (SELECT min(s.id) FROM signups s WHERE s.activity_id = a.id AND s.user_id = u.id),
 		       (SELECT count(*) FROM signups s WHERE s.activity_id = a.id AND s.user_id = u.id)
@@ -289,13 +298,15 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, tx := r.Context(), idemhttp.Tx(r.Context())
 
-	// Lock the activity: sign-ups to it queue here, so that the free seats
-	// counted now are still free when this transaction commits. A missing
+	// Lock the activity's row: sign-ups to it queue here. Each sign-up counts
+	// its seat in that row (taken), so the next one in the queue reads the
+	// count its predecessor committed: a FOR UPDATE that waited reads the
+	// row's new version (at REPEATABLE READ or above it fails with 40001
+	// instead, which the middleware's Do retries). Counting the signups rows
+	// here would not do: their count is read before the wait. A missing
 	// activity is a 404 here, rather than a foreign key error later.
 	var seatsLeft int
-	err := tx.QueryRow(ctx, `
-		SELECT a.seats - (SELECT count(*) FROM signups s WHERE s.activity_id = a.id)
-		FROM activities a WHERE a.id = $1 FOR UPDATE`, req.ActivityID).Scan(&seatsLeft)
+	err := tx.QueryRow(ctx, `SELECT seats - taken FROM activities WHERE id = $1 FOR UPDATE`, req.ActivityID).Scan(&seatsLeft)
 	if errors.Is(err, pgx.ErrNoRows) {
 		problem(w, http.StatusNotFound, "activity-not-found", fmt.Sprintf("There is no activity %d.", req.ActivityID))
 		return
@@ -331,6 +342,10 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 	}
 	if !created {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "already": true, "signupId": id, "message": "You are already signed up."})
+		return
+	}
+	if _, err := tx.Exec(ctx, `UPDATE activities SET taken = taken + 1 WHERE id = $1`, req.ActivityID); err != nil {
+		internalError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"ok": true, "signupId": id, "seatsLeft": seatsLeft - 1, "message": "Signed up! See you at the start."})

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +22,16 @@ import (
 	"github.com/idemkit/idem/examples/internal/browser"
 	"github.com/idemkit/idem/examples/internal/exampletest"
 )
+
+// doubleClick clicks the submit button twice in a row, as a quick double
+// click does. (chromedp.DoubleClick sends one click with a click count of 2,
+// which fires a single click event.)
+func doubleClick(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const b = document.getElementById("submit"); b.click(); b.click(); return true; })()`)); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
@@ -119,9 +130,7 @@ func TestSignupPageDoubleClick(t *testing.T) {
 	ts := newTestServer(t)
 	ctx := browser.New(t)
 	ts.open(t, ctx, 1)
-	if err := chromedp.Do(ctx, chromedp.DoubleClick("#submit")); err != nil {
-		t.Fatal(err)
-	}
+	doubleClick(t, ctx)
 	_, text := browser.WaitState(t, ctx, 10*time.Second, "done")
 	if !strings.Contains(text, "Signed up") {
 		t.Fatalf("page says %q", text)
@@ -289,6 +298,16 @@ func TestSignupPageUnknownUser(t *testing.T) {
 // page does, and returns the answer's status, content type and body.
 func (ts *testServer) signUp(t *testing.T, user int, activity int64) (int, string, []byte) {
 	t.Helper()
+	status, ctype, body, err := ts.post(user, ts.token(t, user), activity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status, ctype, body
+}
+
+// token fetches a submission token for user, as the page does when it opens.
+func (ts *testServer) token(t *testing.T, user int) string {
+	t.Helper()
 	get, _ := http.NewRequest(http.MethodGet, ts.URL+"/api/idem-token", nil)
 	get.Header.Set("X-User", strconv.Itoa(user))
 	res, err := http.DefaultClient.Do(get)
@@ -301,19 +320,21 @@ func (ts *testServer) signUp(t *testing.T, user int, activity int64) (int, strin
 	if err != nil || tok.Token == "" {
 		t.Fatalf("no token: %d %v", res.StatusCode, err)
 	}
+	return tok.Token
+}
+
+// post sends a sign-up with token; it may run on any goroutine.
+func (ts *testServer) post(user int, token string, activity int64) (status int, ctype string, body []byte, err error) {
 	post, _ := http.NewRequest(http.MethodPost, ts.URL+"/api/signup", strings.NewReader(fmt.Sprintf(`{"activityId": %d}`, activity)))
 	post.Header.Set("X-User", strconv.Itoa(user))
-	post.Header.Set("Idempotency-Key", `"`+tok.Token+`"`)
-	res, err = http.DefaultClient.Do(post)
+	post.Header.Set("Idempotency-Key", `"`+token+`"`)
+	res, err := http.DefaultClient.Do(post)
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", nil, err
 	}
 	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.StatusCode, res.Header.Get("Content-Type"), body
+	body, err = io.ReadAll(res.Body)
+	return res.StatusCode, res.Header.Get("Content-Type"), body, err
 }
 
 // A sign-up to an activity that does not exist is a 404 problem that quotes
@@ -352,6 +373,53 @@ func TestSignupFull(t *testing.T) {
 	}
 	if n := ts.signups(t, 1) + ts.signups(t, 2); n != 1 {
 		t.Fatalf("%d sign-ups for one seat", n)
+	}
+}
+
+// Five users sign up at once for the last seat: one gets it, the others
+// are told the activity is full, and the table holds one sign-up. Run a few
+// times, so that some of the sign-ups wait for the first one's lock.
+func TestSignupLastSeatConcurrently(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := context.Background()
+	for round := range 5 {
+		var activity int64
+		if err := ts.app.pool.QueryRow(ctx, `INSERT INTO activities (title, seats) VALUES ('last seat', 1) RETURNING id`).Scan(&activity); err != nil {
+			t.Fatal(err)
+		}
+		tokens := map[int]string{}
+		for user := 1; user <= 5; user++ {
+			tokens[user] = ts.token(t, user)
+		}
+		statuses := make(chan int, 5)
+		var wg sync.WaitGroup
+		for user, token := range tokens {
+			wg.Go(func() {
+				status, _, body, err := ts.post(user, token, activity)
+				if err != nil || (status != http.StatusCreated && status != http.StatusUnprocessableEntity) {
+					t.Errorf("round %d, user %d: %d %s %v", round, user, status, body, err)
+				}
+				statuses <- status
+			})
+		}
+		wg.Wait()
+		close(statuses)
+		created, full := 0, 0
+		for s := range statuses {
+			switch s {
+			case http.StatusCreated:
+				created++
+			case http.StatusUnprocessableEntity:
+				full++
+			}
+		}
+		var rows, taken int
+		if err := ts.app.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM signups WHERE activity_id = $1), (SELECT taken FROM activities WHERE id = $1)`, activity).Scan(&rows, &taken); err != nil {
+			t.Fatal(err)
+		}
+		if created != 1 || full != 4 || rows != 1 || taken != 1 {
+			t.Fatalf("round %d: %d created, %d full, %d rows, taken %d; want 1, 4, 1, 1", round, created, full, rows, taken)
+		}
 	}
 }
 

@@ -57,11 +57,16 @@ form.addEventListener("input", (ev) => {
   if (checks[ev.target.name] && ev.target.getAttribute("aria-invalid") === "true") check(ev.target.name);
 });
 
+// kept is the submission this page is sending, also when the browser
+// refuses localStorage (private mode, storage full): then it survives
+// network trouble, though not a reload.
+let kept = null;
+
 function pending() {
   try {
-    return JSON.parse(localStorage.getItem(PENDING));
+    return JSON.parse(localStorage.getItem(PENDING)) || kept;
   } catch {
-    return null;
+    return kept;
   }
 }
 
@@ -72,8 +77,13 @@ function lock(locked) {
 // settle ends a pending submission after a definite answer, and opens a new
 // form with a new key.
 function settle(p) {
-  const cur = pending();
-  if (cur && cur.key === p.key) localStorage.removeItem(PENDING); // never another tab's submission
+  if (kept && kept.key === p.key) kept = null;
+  try {
+    const cur = JSON.parse(localStorage.getItem(PENDING));
+    if (cur && cur.key === p.key) localStorage.removeItem(PENDING); // never another tab's submission
+  } catch {
+    // Storage refused: kept was all there was.
+  }
   formKey = crypto.randomUUID();
   lock(false);
 }
@@ -176,10 +186,11 @@ form.addEventListener("submit", (ev) => {
     key: formKey,
     lead: { name: data.get("name").trim(), email: data.get("email").trim(), message: data.get("message") },
   };
+  kept = p;
   try {
     localStorage.setItem(PENDING, JSON.stringify(p));
   } catch {
-    // Storage full or forbidden: send anyway.
+    // Storage full or forbidden: kept still holds it for the resends.
   }
   lock(true);
   send(p);

@@ -213,7 +213,7 @@ async function deliver() {
       if (await newToken()) {
         keep();
         sending = false;
-        return deliver();
+        return await deliver(); // awaited, so that the finally below runs after it
       }
     }
     settle(); // a definite answer
