@@ -11,7 +11,7 @@
 // The page checks the form before sending, shows every request it sends,
 // with its key, its status and its Idempotent-Replayed header, and has two
 // switches for network trouble: one asks the server to store the next lead
-// and then drop the connection without answering (see dropResponses), the
+// and then drop the connection without answering (see pagekit.DropResponses), the
 // other keeps the page offline for a few seconds. Either way the page
 // resends with the same key, and the answer comes from the record.
 //
@@ -135,34 +135,16 @@ func newHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
 	sub, _ := fs.Sub(static, "static")
 	mux.Handle("GET /", http.FileServerFS(sub))
 	mux.Handle("GET "+pagekit.Prefix, pagekit.Handler()) // the stylesheet and panel.js, shared with the other page
-	mux.Handle("POST /api/leads", dropResponses(mw(http.HandlerFunc(saveLead))))
+	mux.Handle("POST /api/leads", pagekit.DropResponses(mw(http.HandlerFunc(saveLead))))
 	mux.Handle("GET /api/leads/count", countLeads(pool))
 	return mux, nil
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// problem answers an RFC 9457 problem, shaped like idemhttp's own, so that
-// the page reads every refusal the same way: code for the program, detail
-// for the person.
-func problem(w http.ResponseWriter, status int, code, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"type": "about:blank", "title": http.StatusText(status), "status": status,
-		"code": code, "detail": detail,
-	})
 }
 
 // internalError logs err and answers 500 without its text, which may quote
 // SQL or name tables. idemhttp records no 5xx: the page resends.
 func internalError(w http.ResponseWriter, r *http.Request, err error) {
 	log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
-	problem(w, http.StatusInternalServerError, "internal", "Something went wrong on our side; your message will be resent.")
+	pagekit.Problem(w, http.StatusInternalServerError, "internal", "Something went wrong on our side; your message will be resent.")
 }
 
 // emailPattern is the page's check of an e-mail address (lead.js), a loose
@@ -177,12 +159,12 @@ func saveLead(w http.ResponseWriter, r *http.Request) {
 		Name, Email, Message string
 	}
 	if err := json.NewDecoder(r.Body).Decode(&lead); err != nil {
-		problem(w, http.StatusBadRequest, "bad-request", "Send the form as JSON: name, email, message.")
+		pagekit.Problem(w, http.StatusBadRequest, "bad-request", "Send the form as JSON: name, email, message.")
 		return
 	}
 	lead.Name, lead.Email = strings.TrimSpace(lead.Name), strings.TrimSpace(lead.Email)
 	if lead.Name == "" || !emailPattern.MatchString(lead.Email) {
-		problem(w, http.StatusUnprocessableEntity, "invalid-lead", "Please give your name and a valid e-mail address.")
+		pagekit.Problem(w, http.StatusUnprocessableEntity, "invalid-lead", "Please give your name and a valid e-mail address.")
 		return
 	}
 	key, _ := idemhttp.ParseKey(r.Header) // the middleware checked it
@@ -193,7 +175,7 @@ func saveLead(w http.ResponseWriter, r *http.Request) {
 		internalError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"ok": true, "leadId": id, "message": fmt.Sprintf("Thank you, %s! We will be in touch.", lead.Name)})
+	pagekit.JSON(w, http.StatusCreated, map[string]any{"ok": true, "leadId": id, "message": fmt.Sprintf("Thank you, %s! We will be in touch.", lead.Name)})
 }
 
 // countLeads counts the leads stored under one key: the number the page
@@ -207,35 +189,6 @@ func countLeads(pool *pgxpool.Pool) http.HandlerFunc {
 			internalError(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"rows": n})
+		pagekit.JSON(w, http.StatusOK, map[string]any{"rows": n})
 	}
 }
-
-// dropHeader is set by the page's "drop the next response" switch.
-const dropHeader = "X-Demo-Drop-Response"
-
-// dropResponses loses answers on request, for the demo: a request carrying
-// dropHeader runs as usual (the middleware commits the lead and records its
-// answer), then the connection is cut without a response, as when a phone
-// leaves the network at the wrong moment. The page cannot tell whether the
-// lead was stored, so it resends with the same key and gets the recorded
-// answer, marked Idempotent-Replayed: true. A header rather than a query
-// flag, since the query is part of the request's fingerprint: the resend,
-// without it, is the same request. A real service has no such switch.
-func dropResponses(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(dropHeader) == "" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		next.ServeHTTP(discard{http.Header{}}, r) // committed here
-		panic(http.ErrAbortHandler)               // net/http closes the connection, answering nothing
-	})
-}
-
-// discard is a ResponseWriter that throws the response away.
-type discard struct{ header http.Header }
-
-func (d discard) Header() http.Header       { return d.header }
-func (discard) WriteHeader(int)             {}
-func (discard) Write(p []byte) (int, error) { return len(p), nil }

@@ -22,16 +22,6 @@ import (
 	"github.com/idemkit/idem/examples/internal/exampletest"
 )
 
-// doubleClick clicks the submit button twice in a row, as a quick double
-// click does. (chromedp.DoubleClick sends one click with a click count of 2,
-// which fires a single click event.)
-func doubleClick(t *testing.T, ctx context.Context) {
-	t.Helper()
-	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const b = document.getElementById("submit"); b.click(); b.click(); return true; })()`)); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
@@ -92,23 +82,6 @@ func fill(email string) chromedp.Action[chromedp.Void] {
 	}
 }
 
-// goOffline turns the panel's offline switch on, for longer than the test
-// takes, so that the test, not the clock, brings the page back online.
-func goOffline(t *testing.T, ctx context.Context) {
-	t.Helper()
-	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.getElementById("go-offline").dataset.seconds = 600`)); err != nil {
-		t.Fatal(err)
-	}
-	click(t, ctx, "#go-offline")
-}
-
-func click(t *testing.T, ctx context.Context, sel string) {
-	t.Helper()
-	if err := chromedp.Do(ctx, chromedp.Click(sel)); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func pendingStored(t *testing.T, ctx context.Context) bool {
 	t.Helper()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`localStorage.getItem("lead-pending") !== null`))
@@ -135,12 +108,6 @@ const countSends = `(() => {
 func waitSends(t *testing.T, ctx context.Context, timeout time.Duration, n int) {
 	t.Helper()
 	browser.Wait(t, ctx, timeout, fmt.Sprintf("window.leadSends >= %d", n))
-}
-
-// waitRows waits until the panel shows n rows in leads for the last key.
-func waitRows(t *testing.T, ctx context.Context, n int) {
-	t.Helper()
-	browser.Wait(t, ctx, 10*time.Second, fmt.Sprintf(`document.getElementById("rows").dataset.rows === "%d"`, n))
 }
 
 // blockAPI makes the lead API unreachable (or reachable again) and tells the
@@ -176,7 +143,7 @@ func TestLeadOfflineThenOnline(t *testing.T) {
 		t.Fatal(err)
 	}
 	blockAPI(t, ctx, ts.URL, true)
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "pending")
 	if !pendingStored(t, ctx) {
 		t.Fatal("the failed submission was not kept in localStorage")
@@ -207,8 +174,8 @@ func TestLeadPanelOfflineThenOnline(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL), fill(email)); err != nil {
 		t.Fatal(err)
 	}
-	goOffline(t, ctx)
-	click(t, ctx, "#submit")
+	browser.GoOffline(t, ctx)
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "pending")
 	time.Sleep(2500 * time.Millisecond) // past the page's resend interval: it must not send while offline
 	if p := ts.posts.Load(); p != 0 {
@@ -217,9 +184,9 @@ func TestLeadPanelOfflineThenOnline(t *testing.T) {
 	if !pendingStored(t, ctx) {
 		t.Fatal("the message was not kept in localStorage")
 	}
-	click(t, ctx, "#go-offline") // back online now
+	browser.Click(t, ctx, "#go-offline") // back online now
 	browser.WaitState(t, ctx, 10*time.Second, "done")
-	waitRows(t, ctx, 1)
+	browser.WaitRows(t, ctx, 1)
 	if p := ts.posts.Load(); p != 1 {
 		t.Fatalf("back online, the page sent %d POSTs, want 1", p)
 	}
@@ -252,8 +219,8 @@ func TestLeadLostResponse(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	click(t, ctx, "#drop-next")
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#drop-next")
+	browser.Click(t, ctx, "#submit")
 	_, text := browser.WaitState(t, ctx, 15*time.Second, "done")
 	if !strings.Contains(text, "record") {
 		t.Fatalf("want the replayed answer explained, page says %q", text)
@@ -261,28 +228,10 @@ func TestLeadLostResponse(t *testing.T) {
 	if p := ts.posts.Load(); p < 2 {
 		t.Fatalf("the server saw %d POSTs; the page should have resent", p)
 	}
-	waitRows(t, ctx, 1)
-	var posts []browser.Request
-	for _, r := range browser.Requests(t, ctx) {
-		if r.Method == http.MethodPost {
-			posts = append(posts, r)
-		}
-	}
-	if len(posts) != 2 {
-		t.Fatalf("the panel shows %d POSTs, want the dropped one and its resend: %+v", len(posts), posts)
-	}
-	first, resend := posts[0], posts[1]
-	if first.Status != "no-response" || first.Replayed != "" {
-		t.Errorf("the dropped POST shows as %+v", first)
-	}
-	if first.Key == "" || resend.Key != first.Key {
-		t.Errorf("the resend's key %q is not the first's %q", resend.Key, first.Key)
-	}
-	if resend.Status != "201" || resend.Replayed != "true" {
-		t.Errorf("the resend shows as %+v, want 201 replayed", resend)
-	}
+	browser.WaitRows(t, ctx, 1)
+	key := browser.DroppedThenReplayed(t, ctx)
 	var n int
-	if err := ts.pool.QueryRow(context.Background(), `SELECT count(*) FROM leads WHERE idempotency_key = $1`, first.Key).Scan(&n); err != nil {
+	if err := ts.pool.QueryRow(context.Background(), `SELECT count(*) FROM leads WHERE idempotency_key = $1`, key).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 1 {
@@ -309,7 +258,7 @@ func TestLeadValidatesBeforeSending(t *testing.T) {
 		return text
 	}
 	email := fmt.Sprintf("checked-%d@example", time.Now().UnixNano()) // .com comes later
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 5*time.Second, "invalid")
 	if errorOf("name") == "" || errorOf("email") == "" {
 		t.Fatalf("an empty form shows name %q and e-mail %q", errorOf("name"), errorOf("email"))
@@ -320,7 +269,7 @@ func TestLeadValidatesBeforeSending(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 5*time.Second, "invalid")
 	if msg := errorOf("email"); !strings.Contains(msg, "e-mail address") {
 		t.Errorf("a wrong e-mail address shows %q", msg)
@@ -337,7 +286,7 @@ func TestLeadValidatesBeforeSending(t *testing.T) {
 	if msg := errorOf("email"); msg != "" {
 		t.Errorf("a corrected e-mail address still shows %q", msg)
 	}
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "done")
 	if n := ts.leads(t, email+".com"); n != 1 {
 		t.Fatalf("%d leads for the corrected form", n)
@@ -354,7 +303,7 @@ func TestLeadPendingSurvivesReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	blockAPI(t, ctx, ts.URL, true)
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "pending")
 	key, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.parse(localStorage.getItem("lead-pending")).key`))
 	if err != nil || key == "" {
@@ -389,7 +338,7 @@ func TestLeadDoubleClick(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL), fill(email)); err != nil {
 		t.Fatal(err)
 	}
-	doubleClick(t, ctx)
+	browser.DoubleClick(t, ctx)
 	browser.WaitState(t, ctx, 10*time.Second, "done")
 	if n := ts.leads(t, email); n != 1 {
 		t.Fatalf("%d leads", n)

@@ -12,7 +12,7 @@
 // The page shows every request it sends, with its key, its status and its
 // Idempotent-Replayed header, and has two switches for network trouble: one
 // asks the server to commit the next sign-up and then drop the connection
-// without answering (see dropResponses), the other keeps the page offline
+// without answering (see pagekit.DropResponses), the other keeps the page offline
 // for a few seconds. Either way the page resends with the same token, and
 // the answer comes from the record.
 //
@@ -185,38 +185,20 @@ func (a *app) routes() http.Handler {
 	if err != nil {
 		panic(err) // a static configuration: a programming error
 	}
-	mux.Handle("POST /api/signup", dropResponses(mw(http.HandlerFunc(a.signup))))
+	mux.Handle("POST /api/signup", pagekit.DropResponses(mw(http.HandlerFunc(a.signup))))
 	return mux
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// problem answers an RFC 9457 problem, shaped like idemhttp's own, so that
-// the page reads every refusal the same way: code for the program, detail
-// for the person.
-func problem(w http.ResponseWriter, status int, code, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"type": "about:blank", "title": http.StatusText(status), "status": status,
-		"code": code, "detail": detail,
-	})
 }
 
 // internalError logs err and answers 500 without its text, which may quote
 // SQL or name tables. idemhttp records no 5xx: the page may retry.
 func internalError(w http.ResponseWriter, r *http.Request, err error) {
 	log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
-	problem(w, http.StatusInternalServerError, "internal", "Something went wrong on our side; please try again.")
+	pagekit.Problem(w, http.StatusInternalServerError, "internal", "Something went wrong on our side; please try again.")
 }
 
 // unknownUser answers a request from a user the demo does not know.
 func unknownUser(w http.ResponseWriter, r *http.Request) {
-	problem(w, http.StatusUnauthorized, "unknown-user",
+	pagekit.Problem(w, http.StatusUnauthorized, "unknown-user",
 		fmt.Sprintf("There is no user %q in this demo: open the page as user 1 to 5 (?user=1).", r.Header.Get("X-User")))
 }
 
@@ -266,7 +248,7 @@ func (a *app) activity(w http.ResponseWriter, r *http.Request) {
 	if userID != nil {
 		resp.User = &person{ID: *userID, Name: *name}
 	}
-	writeJSON(w, http.StatusOK, resp)
+	pagekit.JSON(w, http.StatusOK, resp)
 }
 
 // issueToken hands the page a submission token when it opens.
@@ -281,7 +263,7 @@ func (a *app) issueToken(w http.ResponseWriter, r *http.Request) {
 		internalError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"token": token})
+	pagekit.JSON(w, http.StatusOK, map[string]string{"token": token})
 }
 
 // signup runs once per token, inside the request's transaction: its writes
@@ -293,7 +275,7 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 		ActivityID int64 `json:"activityId"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ActivityID <= 0 {
-		problem(w, http.StatusBadRequest, "bad-request", `Send {"activityId": N}.`)
+		pagekit.Problem(w, http.StatusBadRequest, "bad-request", `Send {"activityId": N}.`)
 		return
 	}
 	ctx, tx := r.Context(), idemhttp.Tx(r.Context())
@@ -308,7 +290,7 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 	var seatsLeft int
 	err := tx.QueryRow(ctx, `SELECT seats - taken FROM activities WHERE id = $1 FOR UPDATE`, req.ActivityID).Scan(&seatsLeft)
 	if errors.Is(err, pgx.ErrNoRows) {
-		problem(w, http.StatusNotFound, "activity-not-found", fmt.Sprintf("There is no activity %d.", req.ActivityID))
+		pagekit.Problem(w, http.StatusNotFound, "activity-not-found", fmt.Sprintf("There is no activity %d.", req.ActivityID))
 		return
 	}
 	if err != nil {
@@ -332,7 +314,7 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 			// 422, not 409: idemhttp records the answer, and a resend of
 			// this token gets it again. (A 409 is left unrecorded for the
 			// client to retry.)
-			problem(w, http.StatusUnprocessableEntity, "activity-full", "Sorry, every seat is taken.")
+			pagekit.Problem(w, http.StatusUnprocessableEntity, "activity-full", "Sorry, every seat is taken.")
 			return
 		}
 	}
@@ -341,42 +323,12 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !created {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "already": true, "signupId": id, "message": "You are already signed up."})
+		pagekit.JSON(w, http.StatusOK, map[string]any{"ok": true, "already": true, "signupId": id, "message": "You are already signed up."})
 		return
 	}
 	if _, err := tx.Exec(ctx, `UPDATE activities SET taken = taken + 1 WHERE id = $1`, req.ActivityID); err != nil {
 		internalError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"ok": true, "signupId": id, "seatsLeft": seatsLeft - 1, "message": "Signed up! See you at the start."})
+	pagekit.JSON(w, http.StatusCreated, map[string]any{"ok": true, "signupId": id, "seatsLeft": seatsLeft - 1, "message": "Signed up! See you at the start."})
 }
-
-// dropHeader is set by the page's "drop the next response" switch.
-const dropHeader = "X-Demo-Drop-Response"
-
-// dropResponses loses answers on request, for the demo: a request carrying
-// dropHeader runs as usual (the middleware commits the sign-up and records
-// its answer), then the connection is cut without a response, as when a
-// phone leaves the network at the wrong moment. The page cannot tell
-// whether the sign-up happened, so it resends with the same token and gets
-// the recorded answer, marked Idempotent-Replayed: true. A header rather
-// than a query flag, since the query is part of the request's fingerprint:
-// the resend, without it, is the same request. A real service has no such
-// switch.
-func dropResponses(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(dropHeader) == "" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		next.ServeHTTP(discard{http.Header{}}, r) // committed here
-		panic(http.ErrAbortHandler)               // net/http closes the connection, answering nothing
-	})
-}
-
-// discard is a ResponseWriter that throws the response away.
-type discard struct{ header http.Header }
-
-func (d discard) Header() http.Header       { return d.header }
-func (discard) WriteHeader(int)             {}
-func (discard) Write(p []byte) (int, error) { return len(p), nil }

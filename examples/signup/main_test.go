@@ -23,16 +23,6 @@ import (
 	"github.com/idemkit/idem/examples/internal/exampletest"
 )
 
-// doubleClick clicks the submit button twice in a row, as a quick double
-// click does. (chromedp.DoubleClick sends one click with a click count of 2,
-// which fires a single click event.)
-func doubleClick(t *testing.T, ctx context.Context) {
-	t.Helper()
-	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const b = document.getElementById("submit"); b.click(); b.click(); return true; })()`)); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
@@ -94,23 +84,6 @@ func (ts *testServer) open(t *testing.T, ctx context.Context, user int) {
 	browser.WaitState(t, ctx, 10*time.Second, "ready")
 }
 
-// goOffline turns the panel's offline switch on, for longer than the test
-// takes, so that the test, not the clock, brings the page back online.
-func goOffline(t *testing.T, ctx context.Context) {
-	t.Helper()
-	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.getElementById("go-offline").dataset.seconds = 600`)); err != nil {
-		t.Fatal(err)
-	}
-	click(t, ctx, "#go-offline")
-}
-
-func click(t *testing.T, ctx context.Context, sel string) {
-	t.Helper()
-	if err := chromedp.Do(ctx, chromedp.Click(sel)); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func buttonDisabled(t *testing.T, ctx context.Context) bool {
 	t.Helper()
 	disabled, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("submit").disabled`))
@@ -120,17 +93,11 @@ func buttonDisabled(t *testing.T, ctx context.Context) bool {
 	return disabled
 }
 
-// waitRows waits until the panel shows n rows in signups.
-func waitRows(t *testing.T, ctx context.Context, n int) {
-	t.Helper()
-	browser.Wait(t, ctx, 10*time.Second, fmt.Sprintf(`document.getElementById("rows").dataset.rows === "%d"`, n))
-}
-
 func TestSignupPageDoubleClick(t *testing.T) {
 	ts := newTestServer(t)
 	ctx := browser.New(t)
 	ts.open(t, ctx, 1)
-	doubleClick(t, ctx)
+	browser.DoubleClick(t, ctx)
 	_, text := browser.WaitState(t, ctx, 10*time.Second, "done")
 	if !strings.Contains(text, "Signed up") {
 		t.Fatalf("page says %q", text)
@@ -155,8 +122,8 @@ func TestSignupPageLostResponse(t *testing.T) {
 	ts := newTestServer(t)
 	ctx := browser.New(t)
 	ts.open(t, ctx, 2)
-	click(t, ctx, "#drop-next")
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#drop-next")
+	browser.Click(t, ctx, "#submit")
 	_, text := browser.WaitState(t, ctx, 15*time.Second, "done")
 	if !strings.Contains(text, "record") {
 		t.Fatalf("want the replayed answer explained, page says %q", text)
@@ -167,27 +134,9 @@ func TestSignupPageLostResponse(t *testing.T) {
 	if p := ts.posts.Load(); p < 2 {
 		t.Fatalf("the server saw %d POSTs; the page should have resent", p)
 	}
-	waitRows(t, ctx, 1)
+	browser.WaitRows(t, ctx, 1)
 
-	var posts []browser.Request
-	for _, r := range browser.Requests(t, ctx) {
-		if r.Method == http.MethodPost {
-			posts = append(posts, r)
-		}
-	}
-	if len(posts) != 2 {
-		t.Fatalf("the panel shows %d POSTs, want the dropped one and its resend: %+v", len(posts), posts)
-	}
-	first, resend := posts[0], posts[1]
-	if first.Status != "no-response" || first.Replayed != "" {
-		t.Errorf("the dropped POST shows as %+v", first)
-	}
-	if first.Key == "" || resend.Key != first.Key {
-		t.Errorf("the resend's key %q is not the first's %q", resend.Key, first.Key)
-	}
-	if resend.Status != "201" || resend.Replayed != "true" {
-		t.Errorf("the resend shows as %+v, want 201 replayed", resend)
-	}
+	browser.DroppedThenReplayed(t, ctx)
 	browser.SaveScreenshot(t, ctx, "../../docs/images/signup.png")
 }
 
@@ -197,16 +146,16 @@ func TestSignupPageOfflineThenOnline(t *testing.T) {
 	ts := newTestServer(t)
 	ctx := browser.New(t)
 	ts.open(t, ctx, 4)
-	goOffline(t, ctx)
-	click(t, ctx, "#submit")
+	browser.GoOffline(t, ctx)
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "pending")
 	time.Sleep(2500 * time.Millisecond) // past the page's resend interval: it must not send while offline
 	if p := ts.posts.Load(); p != 0 {
 		t.Fatalf("%d POSTs while offline", p)
 	}
-	click(t, ctx, "#go-offline") // back online now
+	browser.Click(t, ctx, "#go-offline") // back online now
 	browser.WaitState(t, ctx, 10*time.Second, "done")
-	waitRows(t, ctx, 1)
+	browser.WaitRows(t, ctx, 1)
 	if p := ts.posts.Load(); p != 1 {
 		t.Fatalf("back online, the page sent %d POSTs, want 1", p)
 	}
@@ -238,7 +187,7 @@ func TestSignupPageSecondDevice(t *testing.T) {
 		ctx  context.Context
 		want string
 	}{{phone, "done"}, {laptop, "already"}} {
-		click(t, dev.ctx, "#submit")
+		browser.Click(t, dev.ctx, "#submit")
 		state, text := browser.WaitState(t, dev.ctx, 10*time.Second, "done", "already", "error")
 		if state != dev.want {
 			t.Fatalf("device %d: %s %q, want %s", i+1, state, text, dev.want)
@@ -255,7 +204,7 @@ func TestSignupPageReloadAfterSignup(t *testing.T) {
 	ts := newTestServer(t)
 	ctx := browser.New(t)
 	ts.open(t, ctx, 5)
-	click(t, ctx, "#submit")
+	browser.Click(t, ctx, "#submit")
 	browser.WaitState(t, ctx, 10*time.Second, "done")
 	if err := chromedp.Do(ctx, chromedp.Reload()); err != nil {
 		t.Fatal(err)
@@ -267,7 +216,7 @@ func TestSignupPageReloadAfterSignup(t *testing.T) {
 	if !buttonDisabled(t, ctx) {
 		t.Error("the button is enabled for a user who is signed up")
 	}
-	waitRows(t, ctx, 1)
+	browser.WaitRows(t, ctx, 1)
 	if p := ts.posts.Load(); p != 1 {
 		t.Fatalf("%d POSTs", p)
 	}

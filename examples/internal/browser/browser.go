@@ -7,6 +7,8 @@ package browser
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -176,4 +178,65 @@ func Requests(t *testing.T, ctx context.Context) []Request {
 		t.Fatal(err)
 	}
 	return rows
+}
+
+// Click clicks the element sel names.
+func Click(t *testing.T, ctx context.Context, sel string) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Click(sel)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// DoubleClick clicks the page's submit button twice in a row, as a quick
+// double click does. (chromedp.DoubleClick sends one click with a click
+// count of 2, which fires a single click event.)
+func DoubleClick(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const b = document.getElementById("submit"); b.click(); b.click(); return true; })()`)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// GoOffline turns the panel's offline switch on, for longer than the test
+// takes, so that the test, not the clock, brings the page back online.
+func GoOffline(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.getElementById("go-offline").dataset.seconds = 600`)); err != nil {
+		t.Fatal(err)
+	}
+	Click(t, ctx, "#go-offline")
+}
+
+// WaitRows waits until the panel shows n rows in the database.
+func WaitRows(t *testing.T, ctx context.Context, n int) {
+	t.Helper()
+	Wait(t, ctx, 10*time.Second, fmt.Sprintf(`document.getElementById("rows").dataset.rows === "%d"`, n))
+}
+
+// DroppedThenReplayed checks that the panel shows two POSTs with one key:
+// the first with no response (the server dropped it after committing), the
+// second a 201 marked Idempotent-Replayed: true. It returns the key.
+func DroppedThenReplayed(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	var posts []Request
+	for _, r := range Requests(t, ctx) {
+		if r.Method == http.MethodPost {
+			posts = append(posts, r)
+		}
+	}
+	if len(posts) != 2 {
+		t.Fatalf("the panel shows %d POSTs, want the dropped one and its resend: %+v", len(posts), posts)
+	}
+	first, resend := posts[0], posts[1]
+	if first.Status != "no-response" || first.Replayed != "" {
+		t.Errorf("the dropped POST shows as %+v", first)
+	}
+	if first.Key == "" || resend.Key != first.Key {
+		t.Errorf("the resend's key %q is not the first's %q", resend.Key, first.Key)
+	}
+	if resend.Status != "201" || resend.Replayed != "true" {
+		t.Errorf("the resend shows as %+v, want 201 replayed", resend)
+	}
+	return first.Key
 }
