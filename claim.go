@@ -108,9 +108,12 @@ func claimKey(ctx context.Context, s claimStrategy, key Key, cfg *config) (recor
 	args := []any{key.Scope, key.ID, nonNilFingerprint(key.Fingerprint), cfg.ttl.Microseconds()}
 	claim := s.first(cfg, args)
 	st := claim
-	for range maxClaimTries {
+	for try := range maxClaimTries {
 		attempt, err := s.open(ctx, st)
 		if err != nil {
+			if try == 0 {
+				err = closedHandle(cfg.op, err) // a closed pool or transaction
+			}
 			return record{}, err
 		}
 		if attempt != nil {

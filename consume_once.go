@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/ident"
 )
 
@@ -66,7 +67,7 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 	if err := validatePart("message ID", messageID); err != nil {
 		return false, err
 	}
-	if tx == nil || fn == nil {
+	if handle.Missing(tx) || fn == nil {
 		return false, fmt.Errorf("%w: ConsumeOnce needs a transaction and a function", ErrInvalidOption)
 	}
 	cfg, err := newConfig(opts)
@@ -85,7 +86,7 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 		return err
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return false, err
+		return false, closedHandle("ConsumeOnce", err)
 	}
 	if !inserted {
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spInbox); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/pgerr"
 )
 
@@ -43,10 +44,12 @@ import (
 //   - A 40001 or 40P01 that outlasted the retries, as it is.
 //   - An error from COMMIT (a deferred constraint, say), wrapped: nothing
 //     committed.
+//   - A pool the application has closed: an error that says so
+//     ("idem: Do: the pool was closed: closed pool").
 func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...DoOption) (_ Result[T], err error) {
 	var zero Result[T]
-	cfg, err := newCall("Do", key, db != nil && fn != nil, "a database and a function", opts)
+	cfg, err := newCall("Do", key, !handle.Missing(db) && fn != nil, "a database and a function", opts)
 	if err != nil {
 		return zero, err
 	}
@@ -76,7 +79,7 @@ func doOnce[T any](ctx context.Context, db TxBeginner, key Key,
 	case *pgxpool.Pool:
 		pc, err := d.Acquire(ctx)
 		if err != nil {
-			return Result[T]{}, err
+			return Result[T]{}, closedHandle("Do", err)
 		}
 		defer pc.Release()
 		res, err := doOnConn(ctx, pc.Conn(), key, fn, cfg, failure)
@@ -112,7 +115,7 @@ func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
 		tx, err = db.Begin(ctx)
 	}
 	if err != nil {
-		return zero, err
+		return zero, closedHandle("Do", err)
 	}
 	defer rollback(ctx, tx) //nolint:errcheck // a no-op after Commit
 	res, err := withIdempotency(ctx, tx, key, fn, cfg)

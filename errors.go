@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/puddle/v2"
+
 	"github.com/idemkit/idem/internal/pgerr"
 )
 
@@ -24,9 +27,12 @@ var (
 	// before any SQL runs. The error is an *InvalidKeyError.
 	ErrInvalidKey = errors.New("idem: invalid key")
 
-	// ErrInvalidOption means an Option carries an unusable value (a
-	// non-positive TTL, an unsafe table name). It is returned before any SQL
-	// runs.
+	// ErrInvalidOption means an argument or an Option is unusable: a nil
+	// database handle, also a typed nil such as a *pgxpool.Pool declared and
+	// never assigned; a non-positive TTL; an unsafe table name. It is
+	// returned before any SQL runs. A transaction the caller already
+	// committed or rolled back matches it too, from the call's first
+	// statement.
 	ErrInvalidOption = errors.New("idem: invalid option")
 
 	// ErrLeaseLost means a worker's lease was taken over by another worker
@@ -163,3 +169,37 @@ func (e *missingTableError) Error() string {
 }
 
 func (e *missingTableError) Unwrap() error { return e.err }
+
+// closedHandle gives an error that a closed handle caused idem's context:
+// a pool the application closed (pgxpool's "closed pool") or a transaction
+// already committed or rolled back (pgx.ErrTxClosed), which is an
+// ErrInvalidOption too. Other errors, and one already explained, are
+// returned as they are.
+func closedHandle(op string, err error) error {
+	var done *closedHandleError
+	switch {
+	case err == nil || errors.As(err, &done):
+		return err
+	case errors.Is(err, puddle.ErrClosedPool):
+		return &closedHandleError{op: op, what: "the pool was closed", err: err}
+	case errors.Is(err, pgx.ErrTxClosed):
+		return &closedHandleError{op: op, what: "the transaction was already committed or rolled back", err: err, invalid: true}
+	}
+	return err
+}
+
+// closedHandleError is closedHandle's error.
+type closedHandleError struct {
+	op, what string
+	err      error
+	invalid  bool // the caller passed a handle that cannot work: ErrInvalidOption
+}
+
+func (e *closedHandleError) Error() string {
+	return "idem: " + e.op + ": " + e.what + ": " + e.err.Error()
+}
+
+func (e *closedHandleError) Unwrap() error { return e.err }
+
+// Is makes a closed transaction match ErrInvalidOption.
+func (e *closedHandleError) Is(target error) bool { return e.invalid && target == ErrInvalidOption }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/pgerr"
 )
 
@@ -33,7 +34,7 @@ type Query struct {
 // after the transaction's snapshot fails with SQLSTATE 40001 (IsRetryable).
 // db may be a pool, a connection or a transaction.
 func InsertOrGet(ctx context.Context, db DBTX, insert, lookup Query, dest ...any) (created bool, err error) {
-	if db == nil || insert.SQL == "" || lookup.SQL == "" {
+	if handle.Missing(db) || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGet needs a database, an insert and a lookup", ErrInvalidOption)
 	}
 	for range maxClaimTries {
@@ -42,7 +43,7 @@ func InsertOrGet(ctx context.Context, db DBTX, insert, lookup Query, dest ...any
 			return true, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return false, err
+			return false, closedHandle("InsertOrGet", err)
 		}
 		err = db.QueryRow(ctx, lookup.SQL, lookup.Args...).Scan(dest...)
 		if err == nil {
@@ -66,7 +67,7 @@ const spCreate = "idem_create"
 // Under REPEATABLE READ or SERIALIZABLE, a row committed after the snapshot
 // yields an error matching IsRetryable (SQLSTATE 40001).
 func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ...any) (created bool, err error) {
-	if tx == nil || insert.SQL == "" || lookup.SQL == "" {
+	if handle.Missing(tx) || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGetTx needs a transaction, an insert and a lookup", ErrInvalidOption)
 	}
 	for range maxClaimTries {
@@ -81,7 +82,7 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 			}
 			return err
 		})
-		err := tx.SendBatch(ctx, b).Close()
+		err := closedHandle("InsertOrGetTx", tx.SendBatch(ctx, b).Close())
 		if err == nil && inserted {
 			// Released only now, so that a failed scan is rolled back too.
 			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spCreate); err != nil {

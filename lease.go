@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/pgerr"
 )
 
@@ -25,7 +26,9 @@ const claimLockTimeout = "100ms"
 // key over, which increments the attempt number and fences this holder out:
 // its Extend, Checkpoint, Complete, Fail and Release then return
 // ErrLeaseLost. A Lease is not safe for concurrent use, except KeepAlive's
-// renewals alongside the holder's other calls.
+// renewals alongside the holder's other calls. Its calls that take a db
+// refuse a nil one, a nil Lease and one not made by Claim with
+// ErrInvalidOption before any SQL.
 type Lease[T any] struct {
 	key      Key
 	attempt  int32
@@ -87,7 +90,7 @@ func (l *Lease[T]) renewedAt(sent time.Duration) {
 // 40001 instead; the transaction must roll back either way.
 func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, opts ...KeyOption) (_ *Lease[T], _ Result[T], err error) {
 	var zero Result[T]
-	cfg, err := newCall("Claim", key, db != nil && lease > 0, "a database and a positive lease", opts)
+	cfg, err := newCall("Claim", key, !handle.Missing(db) && lease > 0, "a database and a positive lease", opts)
 	if err != nil {
 		return nil, zero, err
 	}
@@ -139,7 +142,7 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 			if pgerr.Code(err) == pgerr.LockNotAvailable && !inTx {
 				return nil, zero, ErrInProgress
 			}
-			return nil, zero, err
+			return nil, zero, closedHandle("Claim", err)
 		}
 		if claimed {
 			return l, zero, nil
@@ -167,22 +170,37 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 }
 
 // Key is the claimed key.
-func (l *Lease[T]) Key() Key { return l.key }
+func (l *Lease[T]) Key() Key {
+	if l == nil {
+		return Key{}
+	}
+	return l.key
+}
 
 // Attempt is the fencing token: 1 for the first holder, incremented by every
 // takeover. Pass it to the downstream service with the key, so that it can
 // refuse a request from a holder that was fenced out (a lower attempt than
 // one it has seen).
-func (l *Lease[T]) Attempt() int32 { return l.attempt }
+func (l *Lease[T]) Attempt() int32 {
+	if l == nil {
+		return 0
+	}
+	return l.attempt
+}
 
 // RecoveryPoint is the last checkpoint a previous holder stored, or "" when
 // the work starts from the beginning.
-func (l *Lease[T]) RecoveryPoint() string { return l.point }
+func (l *Lease[T]) RecoveryPoint() string {
+	if l == nil {
+		return ""
+	}
+	return l.point
+}
 
 // RecoveryData decodes the data stored with the last checkpoint into v. It
 // returns ErrNotFound when there is none.
 func (l *Lease[T]) RecoveryData(v any) error {
-	if l.point == "" || l.data == nil {
+	if l == nil || l.point == "" || l.data == nil {
 		return fmt.Errorf("%w: no checkpoint data", ErrNotFound)
 	}
 	codec := l.cfg.codec
@@ -196,15 +214,26 @@ func (l *Lease[T]) RecoveryData(v any) error {
 	return codec.Unmarshal(l.data, v)
 }
 
+// usable checks a lease call's receiver and database before any SQL.
+func (l *Lease[T]) usable(db DBTX) error {
+	if handle.Missing(db) {
+		return fmt.Errorf("%w: a lease call needs a database, not a nil %T", ErrInvalidOption, db)
+	}
+	if l == nil || l.cfg.q == nil {
+		return fmt.Errorf("%w: the Lease is nil or was not made by Claim (Claim returns no Lease when it replays a result)", ErrInvalidOption)
+	}
+	return nil
+}
+
 // guarded runs one of the lease's guarded statements and turns "no row" into
 // ErrLeaseLost.
 func (l *Lease[T]) guarded(ctx context.Context, db DBTX, op, sql string, args ...any) error {
-	if db == nil {
-		return fmt.Errorf("%w: a lease call needs a database", ErrInvalidOption)
+	if err := l.usable(db); err != nil {
+		return err
 	}
 	tag, err := db.Exec(ctx, sql, append([]any{l.key.Scope, l.key.ID, l.attempt}, args...)...)
 	if err != nil {
-		return err
+		return closedHandle(op, err)
 	}
 	if tag.RowsAffected() != 1 {
 		// The key itself stays out of the message, which may be logged.
@@ -219,6 +248,9 @@ func (l *Lease[T]) guarded(ctx context.Context, db DBTX, op, sql string, args ..
 // clock: the heartbeat. It returns ErrLeaseLost if another worker took the
 // key over.
 func (l *Lease[T]) Extend(ctx context.Context, db DBTX) error {
+	if err := l.usable(db); err != nil {
+		return err
+	}
 	sent := monoSince()
 	if err := l.guarded(ctx, db, "Extend", l.cfg.q.leaseUpdate, l.duration.Microseconds()); err != nil {
 		return err
@@ -237,9 +269,15 @@ func (l *Lease[T]) Extend(ctx context.Context, db DBTX) error {
 // stop ends the renewals and returns why they ended early (nil if they did
 // not, or if ctx ended them). Renewals stop once Complete, Fail or Release is
 // called. KeepAlive uses db concurrently with the holder's own calls, so db
-// should be a pool.
+// should be a pool. When the lease or db is refused (ErrInvalidOption), the
+// returned context is already cancelled with that error as its cause, and
+// stop returns it.
 func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, func() error) {
 	workCtx, cancel := context.WithCancelCause(ctx)
+	if err := l.usable(db); err != nil {
+		cancel(err)
+		return workCtx, func() error { return err }
+	}
 	done := make(chan struct{})
 	var once sync.Once
 	var lost error
@@ -301,6 +339,9 @@ func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, fun
 // there instead of starting again. It returns ErrLeaseLost if another worker
 // took the key over.
 func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data any) error {
+	if err := l.usable(db); err != nil {
+		return err
+	}
 	if point == "" {
 		return fmt.Errorf("%w: Checkpoint needs a non-empty point", ErrInvalidOption)
 	}
@@ -323,6 +364,9 @@ func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data a
 // must then roll back. A v whose encoding exceeds WithMaxResultSize returns
 // ErrResultTooLarge before any SQL, and the lease is still held.
 func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
+	if err := l.usable(db); err != nil {
+		return err
+	}
 	data, err := encodeResult(&l.cfg, v)
 	if err != nil {
 		return err
@@ -335,6 +379,9 @@ func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
 // *PermanentError. It returns ErrLeaseLost if another worker took the key
 // over.
 func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
+	if err := l.usable(db); err != nil {
+		return err
+	}
 	if cause == nil {
 		return fmt.Errorf("%w: Fail needs an error", ErrInvalidOption)
 	}
@@ -346,6 +393,9 @@ func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
 // next Claim takes the key over at once (resuming from the last checkpoint).
 // It returns ErrLeaseLost if another worker took the key over already.
 func (l *Lease[T]) Release(ctx context.Context, db DBTX) error {
+	if err := l.usable(db); err != nil {
+		return err
+	}
 	l.finished.Store(true)
 	return l.guarded(ctx, db, "Release", l.cfg.q.leaseRelease)
 }

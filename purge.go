@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/pgerr"
 )
 
@@ -88,7 +89,7 @@ func (p *pacer) wait(ctx context.Context, n int64) error {
 // ctx's error when ctx ends, and with a batch's error when one fails for
 // good.
 func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (_ int64, err error) {
-	if db == nil || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 || !po.Retry.valid() {
+	if handle.Missing(db) || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 || !po.Retry.valid() {
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative parameters", ErrInvalidOption)
 	}
 	if po.BatchSize == 0 {
@@ -208,7 +209,7 @@ type Purger struct {
 // Run purges at once, then every Interval, until ctx ends; it returns
 // ctx's error. A run's error does not stop it (see OnPurge).
 func (p *Purger) Run(ctx context.Context) error {
-	if p.DB == nil || p.Interval < 0 {
+	if p == nil || handle.Missing(p.DB) || p.Interval < 0 {
 		return fmt.Errorf("%w: Purger needs a DB and a non-negative Interval", ErrInvalidOption)
 	}
 	interval := p.Interval

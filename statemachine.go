@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/ident"
 )
 
@@ -245,10 +246,13 @@ func ExpectVersion(v int64) TransitionOption {
 // or a transaction.
 func (m *StateMachine) Transition(ctx context.Context, db DBTX, id any, to string, opts ...TransitionOption) (TransitionResult, error) {
 	res := TransitionResult{To: to}
+	if m == nil {
+		return res, fmt.Errorf("%w: Transition on a nil *StateMachine (did NewStateMachine fail?)", ErrInvalidOption)
+	}
 	if !m.states[to] {
 		return res, fmt.Errorf("%w: state %q is not one of the machine's states", ErrInvalidOption, to)
 	}
-	if db == nil {
+	if handle.Missing(db) {
 		return res, fmt.Errorf("%w: Transition needs a database", ErrInvalidOption)
 	}
 	var call transitionCall
@@ -290,7 +294,7 @@ func (m *StateMachine) Transition(ctx context.Context, db DBTX, id any, to strin
 		} else {
 			sql, args = m.singleSQL(id, to, allowed[0], &call)
 		}
-		err := db.QueryRow(ctx, sql, args...).Scan(&version)
+		err := closedHandle("Transition", db.QueryRow(ctx, sql, args...).Scan(&version))
 		switch {
 		case err == nil:
 			found, applied, prev = true, true, &allowed[0]
@@ -309,7 +313,7 @@ func (m *StateMachine) Transition(ctx context.Context, db DBTX, id any, to strin
 	} else {
 		sql, args := m.transitionSQL(id, to, allowed, &call)
 		if err := db.QueryRow(ctx, sql, args...).Scan(&found, &current, &applied, &prev, &version); err != nil {
-			return res, err
+			return res, closedHandle("Transition", err)
 		}
 	}
 	if !found {
@@ -439,7 +443,7 @@ SELECT EXISTS (SELECT FROM cur), (SELECT state FROM cur), EXISTS (SELECT FROM up
 // into the statement as it is: it must come from the program, never from
 // input.
 func (m *StateMachine) HistoryTableDDL(idType string) string {
-	if m.history == "" {
+	if m == nil || m.history == "" {
 		return ""
 	}
 	return `CREATE TABLE IF NOT EXISTS ` + m.history + ` (
@@ -453,9 +457,9 @@ func (m *StateMachine) HistoryTableDDL(idType string) string {
 }
 
 // Allowed reports whether the machine lets a row move from one state to
-// another.
+// another. A nil machine allows nothing.
 func (m *StateMachine) Allowed(from, to string) bool {
-	return slices.Contains(m.from[to], from)
+	return m != nil && slices.Contains(m.from[to], from)
 }
 
 // Mermaid renders the machine as a Mermaid state diagram, states and
@@ -463,6 +467,9 @@ func (m *StateMachine) Allowed(from, to string) bool {
 func (m *StateMachine) Mermaid() string {
 	var b strings.Builder
 	b.WriteString("stateDiagram-v2\n")
+	if m == nil {
+		return b.String()
+	}
 	for _, from := range m.cfg.States {
 		tos := slices.Clone(m.cfg.Transitions[from])
 		slices.Sort(tos)

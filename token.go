@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/internal/handle"
 )
 
 // Token errors. The error returned is a *TokenError matching ErrTokenRejected
@@ -74,7 +76,7 @@ func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, o
 	if err := validatePart("Scope", scope); err != nil {
 		return "", err
 	}
-	if db == nil || ttl <= 0 {
+	if handle.Missing(db) || ttl <= 0 {
 		return "", fmt.Errorf("%w: IssueToken needs a database and a positive TTL", ErrInvalidOption)
 	}
 	cfg, err := newConfig(opts)
@@ -90,7 +92,7 @@ func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, o
 	tag = append(tag, checkTag(random, tag)...)
 	token := base64.RawURLEncoding.EncodeToString(random) + "." + base64.RawURLEncoding.EncodeToString(tag)
 	if _, err := db.Exec(ctx, cfg.q.issue, scope, token, ttl.Microseconds()); err != nil {
-		return "", err
+		return "", closedHandle("IssueToken", err)
 	}
 	return token, nil
 }

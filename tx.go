@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idemkit/idem/internal/handle"
 )
 
 // Result is what a call with an idempotency key produced.
@@ -56,7 +58,8 @@ type DBTX interface {
 //
 // Errors:
 //   - ErrInvalidKey or ErrInvalidOption, before any SQL, for a malformed key,
-//     a nil tx or fn, or a rejected option.
+//     a nil (or typed-nil) tx or fn, or a rejected option; ErrInvalidOption
+//     too, saying so, for a tx already committed or rolled back.
 //   - ErrKeyReused: the key was first used with another Fingerprint.
 //   - ErrInProgress (NoWait): another transaction holds the key.
 //   - fn's own error, as it is: fn's writes and the claim are rolled back.
@@ -80,7 +83,7 @@ type DBTX interface {
 func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (_ Result[T], err error) {
 	var zero Result[T]
-	cfg, err := newCall("WithIdempotency", key, tx != nil && fn != nil, "a transaction and a function", opts)
+	cfg, err := newCall("WithIdempotency", key, !handle.Missing(tx) && fn != nil, "a transaction and a function", opts)
 	if err != nil {
 		return zero, err
 	}

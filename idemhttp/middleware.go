@@ -71,6 +71,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/pgerr"
 )
 
@@ -143,7 +144,7 @@ var defaultRecordHeaders = []string{"Content-Type", "Content-Language", "Locatio
 // Middleware returns the idempotency middleware over db (normally a
 // *pgxpool.Pool). It fails when Scope is missing or a size is negative.
 func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler, error) {
-	if db == nil || cfg.Scope == nil {
+	if handle.Missing(db) || cfg.Scope == nil {
 		return nil, fmt.Errorf("%w: idemhttp.Middleware needs a database and Config.Scope", idem.ErrInvalidOption)
 	}
 	if cfg.MaxRequestBody < 0 || cfg.MaxResponseBody < 0 || cfg.RetryAfter < 0 || cfg.TTL < 0 {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
 )
 
 // DB adapts a *sql.DB to idem: it satisfies idem.TxBeginner (with BeginTx,
@@ -19,13 +21,22 @@ type DB struct {
 
 // Wrap returns db adapted to idem. The adapter holds no state of its own:
 // wrapping the same *sql.DB twice gives equivalent values, and closing db is
-// left to the caller.
+// left to the caller. Wrap(nil) returns nil, which every idem call refuses
+// with idem.ErrInvalidOption before any SQL.
 func Wrap(db *sql.DB) *DB {
+	if db == nil {
+		return nil
+	}
 	return &DB{db: db}
 }
 
 // SQL returns the wrapped *sql.DB.
-func (d *DB) SQL() *sql.DB { return d.db }
+func (d *DB) SQL() *sql.DB {
+	if d == nil {
+		return nil
+	}
+	return d.db
+}
 
 // Begin begins a transaction with the driver's defaults (READ COMMITTED
 // unless the server is configured otherwise). ctx bounds the whole
@@ -40,6 +51,9 @@ func (d *DB) Begin(ctx context.Context) (pgx.Tx, error) {
 // begin. BeginQuery and CommitQuery are not supported and return an error.
 // ctx bounds the whole transaction, as for Begin.
 func (d *DB) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	if d == nil {
+		return nil, fmt.Errorf("%w: idemsql: a nil *DB (Wrap(nil)) cannot begin a transaction", idem.ErrInvalidOption)
+	}
 	sopts, setTx, err := sqlTxOptions(opts)
 	if err != nil {
 		return nil, err
