@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/handle"
 )
 
 // Stats describes a record table: what the idem CLI's stats command shows.
@@ -40,7 +42,7 @@ func scanRecord(row pgx.Row) (*Record, error) {
 // uncommitted claim is invisible to it. scope and id are validated like a
 // Key's (ErrInvalidKey). WithTable names the table.
 func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption) (_ *Record, err error) {
-	if db == nil {
+	if handle.Missing(db) {
 		return nil, fmt.Errorf("%w: Lookup needs a database", ErrInvalidOption)
 	}
 	if err := (Key{Scope: scope, ID: id}).Validate(); err != nil {
@@ -69,7 +71,7 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption)
 // locked_until, so it reads the whole table: on a large table, run it from
 // a replica or off-peak. WithTable names the table.
 func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) (_ []Record, err error) {
-	if db == nil || limit <= 0 {
+	if handle.Missing(db) || limit <= 0 {
 		return nil, fmt.Errorf("%w: Stuck needs a database and a positive limit", ErrInvalidOption)
 	}
 	cfg, err := newConfig(opts)
@@ -99,7 +101,7 @@ func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) (_ []Re
 // It reads through the expires_at and consumed_at indexes rather than the
 // whole tables. WithTable and WithInboxTable name the tables.
 func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, opts ...TableOption) (records, inbox int64, err error) {
-	if db == nil || inboxRetention < 0 {
+	if handle.Missing(db) || inboxRetention < 0 {
 		return 0, 0, fmt.Errorf("%w: CountExpired needs a database and a non-negative retention", ErrInvalidOption)
 	}
 	cfg, err := newConfig(opts)
@@ -127,7 +129,7 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 // table (a sequential scan): on a large table, run it from a replica or
 // off-peak. WithTable names the table.
 func TableStats(ctx context.Context, db DBTX, opts ...TableOption) (_ *Stats, err error) {
-	if db == nil {
+	if handle.Missing(db) {
 		return nil, fmt.Errorf("%w: TableStats needs a database", ErrInvalidOption)
 	}
 	cfg, err := newConfig(opts)
