@@ -10,11 +10,24 @@ import (
 // Codec turns fn's results into the bytes stored in the record and back.
 // Marshal receives a T and Unmarshal a *T.
 //
+// Result.Value is always what Unmarshal makes of the recorded bytes, on the
+// first execution as on every replay: the first execution encodes fn's
+// value, decodes the encoding and returns that, so the caller gets the same
+// value each time (reflect.DeepEqual), even where the encoding loses
+// something of fn's own value. A value that encodes but does not decode is
+// not recorded: the call fails, and rolls back, as if fn had failed.
+//
 // Without one (WithCodec), results are stored as JSON with encoding/json,
-// except []byte and json.RawMessage results, which are stored as they are.
-// Like encoding/json, the default replaces invalid UTF-8 in strings with
-// U+FFFD, so a replay of such a string differs from the first result:
-// return binary data as []byte.
+// except []byte and json.RawMessage results, which are stored as they are
+// (a nil one as an empty one). What JSON does not keep is what fn's value
+// and Result.Value differ in: a time.Time keeps its instant and offset but
+// not its Location (a time in Europe/Paris comes back with a fixed +01:00
+// offset, or in time.Local when Local has that offset then) nor its
+// monotonic reading; a number in an interface field
+// comes back as a float64; unexported fields are dropped; a custom
+// MarshalJSON is read back by the matching UnmarshalJSON; and invalid UTF-8
+// in strings becomes U+FFFD (return binary data as []byte). A nil slice or
+// map stays nil and an empty one empty.
 type Codec interface {
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error
@@ -57,6 +70,25 @@ func encodeResult[T any](cfg *config, v T) ([]byte, error) {
 			ErrResultTooLarge, v, len(data), cfg.maxResult)
 	}
 	return data, nil
+}
+
+// recordResult encodes v for the record as encodeResult does, and decodes
+// the encoding back as a replay will: the first execution returns the
+// decoded value, so that it is the value every replay returns. A result
+// that encodes but does not decode (an interface field the codec cannot
+// fill, say) is refused here rather than recorded, since no replay of it
+// could succeed.
+func recordResult[T any](cfg *config, v T) ([]byte, T, error) {
+	var zero T
+	data, err := encodeResult(cfg, v)
+	if err != nil {
+		return nil, zero, err
+	}
+	decoded, err := decodeValue[T](cfg.codec, data)
+	if err != nil {
+		return nil, zero, fmt.Errorf("idem: the encoded %T does not decode, so it cannot be replayed and is not recorded: %w", v, err)
+	}
+	return data, decoded, nil
 }
 
 // failureMessage is what a record stores for a permanent failure: err's

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -143,4 +144,44 @@ func TestFailureMessageIsCut(t *testing.T) {
 	require.NoError(t, err)
 	long := strings.Repeat("x", DefaultMaxResultSize+1)
 	require.Len(t, failureMessage(&cfg, errors.New(long)), DefaultMaxResultSize)
+}
+
+// benchReceipt is a typical result: an id, a time, an amount and a message.
+type benchReceipt struct {
+	ID      int64     `json:"id"`
+	At      time.Time `json:"at"`
+	Amount  int64     `json:"amount"`
+	Message string    `json:"message"`
+}
+
+// The decode a first execution adds, against the encode it always did:
+// go test -run '^$' -bench 'Result' -benchmem .
+func BenchmarkEncodeResult(b *testing.B) {
+	cfg, _ := newConfig[Option](nil)
+	b.Run("int64", func(b *testing.B) {
+		for b.Loop() {
+			_, _ = encodeResult(&cfg, int64(123456))
+		}
+	})
+	b.Run("receipt", func(b *testing.B) {
+		v := benchReceipt{ID: 123456, At: time.Now(), Amount: 1999, Message: "you are in"}
+		for b.Loop() {
+			_, _ = encodeResult(&cfg, v)
+		}
+	})
+}
+
+func BenchmarkRecordResult(b *testing.B) {
+	cfg, _ := newConfig[Option](nil)
+	b.Run("int64", func(b *testing.B) {
+		for b.Loop() {
+			_, _, _ = recordResult(&cfg, int64(123456))
+		}
+	})
+	b.Run("receipt", func(b *testing.B) {
+		v := benchReceipt{ID: 123456, At: time.Now(), Amount: 1999, Message: "you are in"}
+		for b.Loop() {
+			_, _, _ = recordResult(&cfg, v)
+		}
+	})
 }

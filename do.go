@@ -174,10 +174,9 @@ func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
 			return doOnConn(ctx, conn, key, fn, cfg, failure)
 		}
 		status = StatusSucceeded
-		if data, err = encodeResult(cfg, v); err != nil {
+		if data, res.Value, err = recordResult(cfg, v); err != nil {
 			return res, err
 		}
-		res.Value = v
 	}
 
 	if conn.IsClosed() {

@@ -362,12 +362,13 @@ func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data a
 // that writes the work's business rows, so that both commit together. It
 // returns ErrLeaseLost if another worker took the key over: that transaction
 // must then roll back. A v whose encoding exceeds WithMaxResultSize returns
-// ErrResultTooLarge before any SQL, and the lease is still held.
+// ErrResultTooLarge before any SQL, and so does a v whose encoding does not
+// decode (see Codec) with an error of its own; the lease is still held.
 func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
 	if err := l.usable(db); err != nil {
 		return err
 	}
-	data, err := encodeResult(&l.cfg, v)
+	data, _, err := recordResult(&l.cfg, v)
 	if err != nil {
 		return err
 	}

@@ -16,8 +16,9 @@ import (
 
 // Result is what a call with an idempotency key produced.
 type Result[T any] struct {
-	// Value is fn's result, or the decoded result of the execution that
-	// first committed with this key.
+	// Value is the recorded result of the execution that first committed
+	// with this key, decoded by the codec (see Codec): on that first
+	// execution too, so that it equals every replay's Value.
 	Value T
 	// Replayed reports that Value (or the returned permanent error) comes
 	// from an earlier execution's record and fn did not run.
@@ -134,7 +135,7 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 		_ = c.abandon(ctx, rec.attempt)
 		panic(panicked)
 	case fnErr == nil:
-		data, err := encodeResult(cfg, v)
+		data, decoded, err := recordResult(cfg, v)
 		if err != nil {
 			if aerr := c.abandon(ctx, rec.attempt); aerr != nil {
 				err = errors.Join(err, aerr)
@@ -146,7 +147,7 @@ func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 			// cannot commit them without their record.
 			return zero, errors.Join(fmt.Errorf("idem: recording the result: %w", err), c.abandon(ctx, rec.attempt))
 		}
-		return Result[T]{Value: v}, nil
+		return Result[T]{Value: decoded}, nil
 	case IsPermanent(fnErr):
 		// Undo fn's writes but keep the claim until the failure is
 		// recorded. ROLLBACK TO goes alone: fn may have left the

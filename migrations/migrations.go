@@ -50,7 +50,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/jackc/puddle/v2"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/handle"
@@ -240,13 +239,6 @@ type session struct {
 func run[D DB](ctx context.Context, db D, opts []Option, lock bool, fn func(context.Context, *session) error) error {
 	if handle.Missing(db) {
 		return fmt.Errorf("%w: migrations need a database, not a nil %T", idem.ErrInvalidOption, db)
-	}
-	if p, ok := any(db).(*pgxpool.Pool); ok {
-		// The run connects on its own with the pool's settings, and would
-		// succeed on a pool the application has closed: say so instead.
-		if err := p.Ping(ctx); errors.Is(err, puddle.ErrClosedPool) {
-			return fmt.Errorf("migrations: %w", err)
-		}
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
