@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -15,23 +16,51 @@ const HeaderName = "Idempotency-Key"
 // request with the same key.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// Errors from ParseKey.
+// Errors from ParseKey. The errors ParseKey returns for a header it refuses
+// are *KeyError values, which match ErrRepeatedKey or ErrBadKey.
 var (
 	// ErrNoKey: the request has no Idempotency-Key header.
 	ErrNoKey = errors.New("idemhttp: no Idempotency-Key header")
-	// ErrRepeatedKey: the request has more than one Idempotency-Key header
-	// (or one with several list members), which the draft forbids.
+	// ErrRepeatedKey: the request has more than one Idempotency-Key header,
+	// or one whose value is a list (members separated by commas), which the
+	// draft forbids.
 	ErrRepeatedKey = errors.New("idemhttp: repeated Idempotency-Key header")
 	// ErrBadKey: the header value is neither a Structured Field string nor
-	// a plain token of printable ASCII.
+	// a plain token of printable ASCII, or the key is not 1 to 255 bytes.
 	ErrBadKey = errors.New("idemhttp: malformed Idempotency-Key header")
 )
+
+// KeyError is why ParseKey refused a request's Idempotency-Key header.
+type KeyError struct {
+	// Err is ErrRepeatedKey or ErrBadKey.
+	Err error
+	// Detail says what is wrong, in a sentence for the developer of the
+	// client that sent it; the middleware answers it as the problem
+	// details' "detail".
+	Detail string
+}
+
+// Error is Err's text followed by Detail.
+func (e *KeyError) Error() string { return e.Err.Error() + ": " + e.Detail }
+
+// Unwrap returns Err.
+func (e *KeyError) Unwrap() error { return e.Err }
+
+func badKey(format string, args ...any) error {
+	return &KeyError{Err: ErrBadKey, Detail: fmt.Sprintf(format, args...)}
+}
+
+// listError is the error of a header value that is a list of n members.
+func listError(v string) error {
+	return &KeyError{Err: ErrRepeatedKey, Detail: "The Idempotency-Key header holds a list (" + v +
+		"): its value must be one key. A key that contains a comma must be sent as a quoted string, such as \"a,b\"."}
+}
 
 // ParseKey returns the idempotency key of h. The value is a Structured Field
 // string (RFC 8941: a quoted string of printable ASCII where only \" and \\
 // are escapes), as the draft specifies, or, as many clients send it, the bare
 // key: printable ASCII without quotes, commas or surrounding whitespace. The
-// key is 1..255 bytes.
+// key is 1..255 bytes. A header ParseKey refuses gives a *KeyError.
 func ParseKey(h http.Header) (string, error) {
 	values := h.Values(HeaderName)
 	switch len(values) {
@@ -39,15 +68,41 @@ func ParseKey(h http.Header) (string, error) {
 		return "", ErrNoKey
 	case 1:
 	default:
-		return "", ErrRepeatedKey
+		return "", &KeyError{Err: ErrRepeatedKey,
+			Detail: fmt.Sprintf("The request has %d Idempotency-Key headers: send exactly one.", len(values))}
 	}
 	return parseValue(values[0])
+}
+
+// maxShown bounds how much of a refused value a detail quotes.
+const maxShown = 40
+
+// shown quotes v for a detail, cut to maxShown bytes.
+func shown(v string) string {
+	if len(v) > maxShown {
+		return strconv.Quote(v[:maxShown]) + "..."
+	}
+	return strconv.Quote(v)
+}
+
+// describe names byte c for a detail.
+func describe(c byte) string {
+	switch {
+	case c == ' ':
+		return "a space"
+	case c == '\t':
+		return "a tab"
+	case c >= 0x80:
+		return fmt.Sprintf("a non-ASCII byte (0x%02x)", c)
+	default:
+		return fmt.Sprintf("a control character (0x%02x)", c)
+	}
 }
 
 func parseValue(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" {
-		return "", fmt.Errorf("%w: empty", ErrBadKey)
+		return "", badKey("The Idempotency-Key header is empty: send a key of 1 to 255 printable ASCII characters.")
 	}
 	var key string
 	if v[0] == '"' {
@@ -59,42 +114,44 @@ func parseValue(v string) (string, error) {
 			case c == '\\':
 				i++
 				if i == len(v) || (v[i] != '"' && v[i] != '\\') {
-					return "", fmt.Errorf("%w: bad escape", ErrBadKey)
+					return "", badKey(`In a quoted key a backslash may only escape a quote (\") or a backslash (\\); the key %s has another escape.`, shown(v))
 				}
 				b.WriteByte(v[i])
 			case c == '"':
 				if rest := strings.TrimLeft(v[i+1:], " \t"); rest != "" {
 					if rest[0] == ',' {
-						return "", ErrRepeatedKey
+						return "", listError(shown(v))
 					}
-					return "", fmt.Errorf("%w: text after the closing quote", ErrBadKey)
+					return "", badKey("The Idempotency-Key header has text after the quoted key: %s.", shown(v))
 				}
 				key = b.String()
 				goto done
 			case c < 0x20 || c > 0x7e:
-				return "", fmt.Errorf("%w: non-printable byte 0x%02x", ErrBadKey, c)
+				return "", badKey("The key contains %s at byte %d: a key is printable ASCII.", describe(c), i)
 			default:
 				b.WriteByte(c)
 			}
 		}
-		return "", fmt.Errorf("%w: no closing quote", ErrBadKey)
+		return "", badKey("The quoted key %s has no closing quote.", shown(v))
 	} else {
 		for i := 0; i < len(v); i++ {
 			c := v[i]
 			switch {
 			case c == ',':
-				return "", ErrRepeatedKey
+				return "", listError(shown(v))
 			case c == '"' || c == '\\':
-				return "", fmt.Errorf("%w: quote or backslash in an unquoted key", ErrBadKey)
+				return "", badKey(`The key %s has a quote or a backslash: send such a key as a quoted string, with \" and \\ for them.`, shown(v))
+			case c == ' ' || c == '\t':
+				return "", badKey("The key %s contains %s: send a key with spaces as a quoted string, such as \"a b\".", shown(v), describe(c))
 			case c < 0x21 || c > 0x7e:
-				return "", fmt.Errorf("%w: byte 0x%02x in an unquoted key", ErrBadKey, c)
+				return "", badKey("The key contains %s at byte %d: a key is printable ASCII.", describe(c), i)
 			}
 		}
 		key = v
 	}
 done:
 	if key == "" || len(key) > 255 {
-		return "", fmt.Errorf("%w: the key must be 1 to 255 bytes", ErrBadKey)
+		return "", badKey("The key is %d bytes long: it must be 1 to 255.", len(key))
 	}
 	return key, nil
 }

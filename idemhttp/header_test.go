@@ -38,6 +38,10 @@ func TestParseKey(t *testing.T) {
 		if !errors.Is(err, c.err) || got != c.want {
 			t.Errorf("%q: got %q, %v; want %q, %v", c.values, got, err, c.want, c.err)
 		}
+		var ke *KeyError
+		if c.err != nil && c.err != ErrNoKey && (!errors.As(err, &ke) || ke.Detail == "" || ke.Err != c.err) {
+			t.Errorf("%q: %v is not a *KeyError with a detail", c.values, err)
+		}
 	}
 	long := make([]byte, 256)
 	for i := range long {

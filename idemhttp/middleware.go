@@ -284,7 +284,12 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "idempotency-key-missing", "This request needs an Idempotency-Key header.")
 		return
 	case err != nil:
-		problem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
+		detail := "The Idempotency-Key header is not usable."
+		var ke *KeyError
+		if errors.As(err, &ke) {
+			detail = ke.Detail
+		}
+		problem(w, http.StatusBadRequest, "idempotency-key-invalid", detail)
 		return
 	}
 	scope, err := m.cfg.Scope(r)
@@ -309,7 +314,8 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		problem(w, http.StatusBadRequest, "body-unreadable", err.Error())
+		// The reader's error may describe the server's internals.
+		problem(w, http.StatusBadRequest, "body-unreadable", "The request body could not be read to its end.")
 		return
 	}
 	ikey := idem.Key{Scope: scope, ID: key, Fingerprint: m.cfg.Fingerprint(r, body)}
@@ -375,9 +381,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, idem.ErrKeyReused):
 		problem(w, http.StatusUnprocessableEntity, "idempotency-key-reused", "This Idempotency-Key was used for a different request.")
 	case errors.Is(err, idem.ErrTokenRejected):
-		problem(w, http.StatusBadRequest, "token-rejected", err.Error())
+		problem(w, http.StatusBadRequest, "token-rejected", tokenDetail(err))
 	case errors.Is(err, idem.ErrInvalidKey):
-		problem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
+		problem(w, http.StatusBadRequest, "idempotency-key-invalid", "The Idempotency-Key is not a usable key: send 1 to 255 printable ASCII characters.")
 	case errors.Is(err, idem.ErrHoldTimeout):
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusServiceUnavailable, "hold-timeout",
@@ -491,4 +497,16 @@ func (rec *recorder) response(allow []string) response {
 		h["Content-Encoding"] = slices.Clone(vs)
 	}
 	return response{Status: status, Header: h, Body: bytes.Clone(rec.body.Bytes())}
+}
+
+// tokenDetail says, for the client's developer, why a token was refused.
+func tokenDetail(err error) string {
+	switch {
+	case errors.Is(err, idem.ErrTokenExpired):
+		return "The Idempotency-Key is a token that has expired: fetch a new one."
+	case errors.Is(err, idem.ErrTokenOtherScope):
+		return "The Idempotency-Key is a token issued to another caller: fetch one of your own."
+	default:
+		return "The Idempotency-Key is not a token this server issued: fetch one and send it as it was given."
+	}
 }

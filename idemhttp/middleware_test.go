@@ -139,20 +139,25 @@ func TestMiddlewareAnswersBeforeTheDatabase(t *testing.T) {
 		req    *http.Request
 		status int    // the middleware's answer, or 418 from the handler
 		code   string // the problem's code
+		detail string // a part of the problem's detail
 	}{
-		{"GET passes", Config{}, httptest.NewRequest(http.MethodGet, "/signups", nil), http.StatusTeapot, ""},
-		{"PUT passes by default", Config{}, httptest.NewRequest(http.MethodPut, "/signups", nil), http.StatusTeapot, ""},
-		{"POST passes when not configured", Config{Methods: []string{http.MethodPut}}, post("x"), http.StatusTeapot, ""},
-		{"no key", Config{}, post("x"), http.StatusBadRequest, "idempotency-key-missing"},
-		{"no key, Optional", Config{Optional: true}, post("x"), http.StatusTeapot, ""},
-		{"malformed key", Config{}, post("x", HeaderName, `"unterminated`), http.StatusBadRequest, "idempotency-key-invalid"},
-		{"malformed key, Optional", Config{Optional: true}, post("x", HeaderName, `a b`), http.StatusBadRequest, "idempotency-key-invalid"},
-		{"two keys", Config{}, post("x", HeaderName, `"a"`, HeaderName, `"b"`), http.StatusBadRequest, "idempotency-key-invalid"},
-		{"a list of keys", Config{}, post("x", HeaderName, `"a", "b"`), http.StatusBadRequest, "idempotency-key-invalid"},
-		{"Scope fails", Config{Scope: scopeFails}, post("x", HeaderName, `"k"`), http.StatusUnauthorized, "scope-unknown"},
-		{"Scope is empty", Config{Scope: scopeEmpty}, post("x", HeaderName, `"k"`), http.StatusInternalServerError, "scope-invalid"},
-		{"Scope is not printable", Config{}, post("x", HeaderName, `"k"`, "X-User", "u\x7f"), http.StatusInternalServerError, "scope-invalid"},
-		{"body over the limit", Config{MaxRequestBody: 4}, post("12345", HeaderName, `"k"`, "X-User", "u"), http.StatusRequestEntityTooLarge, "body-too-large"},
+		{"GET passes", Config{}, httptest.NewRequest(http.MethodGet, "/signups", nil), http.StatusTeapot, "", ""},
+		{"PUT passes by default", Config{}, httptest.NewRequest(http.MethodPut, "/signups", nil), http.StatusTeapot, "", ""},
+		{"POST passes when not configured", Config{Methods: []string{http.MethodPut}}, post("x"), http.StatusTeapot, "", ""},
+		{"no key", Config{}, post("x"), http.StatusBadRequest, "idempotency-key-missing", "needs an Idempotency-Key header"},
+		{"no key, Optional", Config{Optional: true}, post("x"), http.StatusTeapot, "", ""},
+		{"malformed key", Config{}, post("x", HeaderName, `"unterminated`), http.StatusBadRequest, "idempotency-key-invalid", `The quoted key "\"unterminated" has no closing quote.`},
+		{"malformed key, Optional", Config{Optional: true}, post("x", HeaderName, `a b`), http.StatusBadRequest, "idempotency-key-invalid", `The key "a b" contains a space: send a key with spaces as a quoted string, such as "a b".`},
+		{"two keys", Config{}, post("x", HeaderName, `"a"`, HeaderName, `"b"`), http.StatusBadRequest, "idempotency-key-invalid", "The request has 2 Idempotency-Key headers: send exactly one."},
+		{"a list of keys", Config{}, post("x", HeaderName, `"a", "b"`), http.StatusBadRequest, "idempotency-key-invalid", "The Idempotency-Key header holds a list"},
+		{"a bare list in one header", Config{}, post("x", HeaderName, `a,b`), http.StatusBadRequest, "idempotency-key-invalid",
+			`The Idempotency-Key header holds a list ("a,b"): its value must be one key. A key that contains a comma must be sent as a quoted string, such as "a,b".`},
+		{"a key over 255 bytes", Config{}, post("x", HeaderName, strings.Repeat("k", 256)), http.StatusBadRequest, "idempotency-key-invalid", "The key is 256 bytes long: it must be 1 to 255."},
+		{"a non-ASCII key", Config{}, post("x", HeaderName, "caf\xc3\xa9"), http.StatusBadRequest, "idempotency-key-invalid", "The key contains a non-ASCII byte (0xc3) at byte 3: a key is printable ASCII."},
+		{"Scope fails", Config{Scope: scopeFails}, post("x", HeaderName, `"k"`), http.StatusUnauthorized, "scope-unknown", ""},
+		{"Scope is empty", Config{Scope: scopeEmpty}, post("x", HeaderName, `"k"`), http.StatusInternalServerError, "scope-invalid", ""},
+		{"Scope is not printable", Config{}, post("x", HeaderName, `"k"`, "X-User", "u\x7f"), http.StatusInternalServerError, "scope-invalid", ""},
+		{"body over the limit", Config{MaxRequestBody: 4}, post("12345", HeaderName, `"k"`, "X-User", "u"), http.StatusRequestEntityTooLarge, "body-too-large", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -166,6 +171,8 @@ func TestMiddlewareAnswersBeforeTheDatabase(t *testing.T) {
 			require.False(t, ran, "the handler ran")
 			p := readProblem(t, resp)
 			require.Equal(t, tt.code, p.Code)
+			require.Contains(t, p.Detail, tt.detail)
+			require.NotContains(t, p.Detail, "idemhttp:", "a detail is for the client's developer, not Go error text")
 			require.NotContains(t, p.Detail, "secret-user", "the Scope error's text stays on the server")
 		})
 	}
