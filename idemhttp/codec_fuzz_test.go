@@ -7,10 +7,11 @@ import (
 	"testing"
 )
 
-// FuzzResponseCodec feeds the recorded-response decoder arbitrary bytes (what
-// it reads comes from the database) and round-trips responses built from
-// the inputs: decoding never panics, and what is encoded decodes to the same
-// response.
+// FuzzResponseCodec feeds the recorded-response decoders arbitrary bytes
+// (what they read comes from the database) and round-trips responses built
+// from the inputs: decoding never panics, DecodeRecordedResponse accepts only
+// what the codec decodes, to the same response, and what is encoded decodes
+// to the same response.
 func FuzzResponseCodec(f *testing.F) {
 	valid, _ := responseCodec{}.Marshal(response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)})
 	f.Add(valid, uint16(201), "Content-Type", "application/json", []byte(`{"id":1}`))
@@ -19,7 +20,13 @@ func FuzzResponseCodec(f *testing.F) {
 	f.Add([]byte{codecVersion, 0x01, 0xf4, 1, 3, 'k', 'e', 'y', 2, 1, 'a'}, uint16(500), "X-\xff", "\x00", []byte{0, 1, 2})
 	f.Fuzz(func(t *testing.T, data []byte, status uint16, key, value string, body []byte) {
 		var r response
-		if err := (responseCodec{}).Unmarshal(data, &r); err == nil {
+		err := (responseCodec{}).Unmarshal(data, &r)
+		if strict, serr := DecodeRecordedResponse(data); serr == nil {
+			if err != nil || !sameResponse(r, response{Status: strict.Status, Header: strict.Header, Body: strict.Body}) {
+				t.Fatalf("DecodeRecordedResponse accepted %q as %+v; the codec: %+v, %v", data, strict, r, err)
+			}
+		}
+		if err == nil {
 			again, err := responseCodec{}.Marshal(r)
 			if err != nil {
 				t.Fatalf("re-encoding a decoded response: %v", err)
