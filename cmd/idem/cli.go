@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -18,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -90,11 +89,14 @@ func (c *common) tableFlags() string {
 }
 
 // target names the record table, qualified when --schema is set.
-func (c *common) target() string {
+func (c *common) target() string { return c.qualified(c.table) }
+
+// qualified names table in the schema of --schema, when it is set.
+func (c *common) qualified(table string) string {
 	if c.schema == "" {
-		return c.table
+		return table
 	}
-	return c.schema + "." + c.table
+	return c.schema + "." + table
 }
 
 // options are the idem options naming the tables.
@@ -151,10 +153,6 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
-// errReported is a command-line mistake the flag package has already
-// printed, with the usage: exit code 2, nothing more to say.
-var errReported = errors.New("reported")
-
 // errInterrupted is a command stopped by a signal that has already printed
 // what it did: exit code 130, nothing more to say.
 var errInterrupted = errors.New("interrupted")
@@ -182,116 +180,56 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, getenv env) 
 		return exitOK
 	case errors.Is(err, flag.ErrHelp):
 		return exitOK
-	case errors.Is(err, errReported):
-		return exitUsage
 	case errors.Is(err, errInterrupted):
 		return exitInterrupted
 	case errors.As(err, &ue):
-		fmt.Fprintf(errOut, "idem %s: %v\nRun 'idem %s --help' for usage.\n", args[0], err, args[0])
+		fmt.Fprintf(errOut, "idem %s: %v (see idem %s --help)\n", args[0], err, args[0])
 		return exitUsage
 	case ctx.Err() != nil:
 		fmt.Fprintf(errOut, "idem %s: interrupted: %v\n", args[0], err)
 		return exitInterrupted
 	default:
 		fmt.Fprintf(errOut, "idem %s: %v\n", args[0], err)
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == undefinedTable && args[0] != "migrate" {
-			fmt.Fprintf(errOut, "The record table is missing: run 'idem migrate up%s' first, or name the table with --schema and --table.\n",
-				tableFlags(args[1:]))
-		}
 		return exitError
 	}
 }
 
+// missingTableError is a command that met a table of idem's that does not
+// exist.
+type missingTableError struct {
+	table, flags string
+}
+
+func (e *missingTableError) Error() string {
+	return fmt.Sprintf("table %s does not exist: run 'idem migrate up%s' to create it, or name the table with --schema and --table",
+		e.table, e.flags)
+}
+
+// explain returns err, or, when err is a statement's on a table that does
+// not exist (SQLSTATE 42P01), a missingTableError naming the table: the
+// record table, or else the inbox, whichever is missing.
+func (c *common) explain(ctx context.Context, pool *pgxpool.Pool, err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != undefinedTable {
+		return err
+	}
+	missing := c.target()
+	records := pgx.Identifier{c.schema, c.table}
+	if c.schema == "" {
+		records = records[1:]
+	}
+	var recordsExist bool
+	if pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, records.Sanitize()).Scan(&recordsExist) == nil && recordsExist {
+		missing = c.qualified(idem.DefaultInboxTable)
+	}
+	if c.schema == "" {
+		missing += " (in the search_path)"
+	}
+	return &missingTableError{table: missing, flags: c.tableFlags()}
+}
+
 // undefinedTable is SQLSTATE 42P01.
 const undefinedTable = "42P01"
-
-// tableFlags repeats the --schema and --table flags of args, for a hint.
-func tableFlags(args []string) string {
-	var b strings.Builder
-	for i, a := range args {
-		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || (name != "schema" && name != "table") {
-			continue
-		}
-		if !hasValue {
-			if i+1 >= len(args) {
-				continue
-			}
-			value = args[i+1]
-		}
-		fmt.Fprintf(&b, " --%s %s", name, value)
-	}
-	return b.String()
-}
-
-// parse parses a command's flags; usage text goes to errOut. Positional
-// arguments are returned; flags may come before or after them, and a
-// negative number that is not a flag's value is positional (the version of
-// 'migrate force -1').
-func parse(fs *flag.FlagSet, args []string, out, errOut io.Writer, synopsis string) ([]string, error) {
-	// Asked-for help goes to stdout, help after a mistake to stderr.
-	w := errOut
-	if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" || a == "--h" }) {
-		w = out
-	}
-	fs.SetOutput(w)
-	fs.Usage = func() {
-		fmt.Fprintf(w, "Usage:\n  %s\n\nFlags:\n", synopsis)
-		printFlags(w, fs)
-	}
-	var positional []string
-	for len(args) > 0 {
-		a := args[0]
-		if a == "--" {
-			return append(positional, args[1:]...), nil
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" || negativeNumber.MatchString(a) {
-			positional = append(positional, a)
-			args = args[1:]
-			continue
-		}
-		// One flag at a time, with its value when it takes the next
-		// argument.
-		n := 1
-		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if f := fs.Lookup(name); f != nil && !hasValue && !isBoolFlag(f) {
-			n = min(2, len(args))
-		}
-		if err := fs.Parse(args[:n]); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, errReported // the flag package printed it
-		}
-		args = args[n:]
-	}
-	return positional, nil
-}
-
-var negativeNumber = regexp.MustCompile(`^-[0-9]+$`)
-
-func isBoolFlag(f *flag.Flag) bool {
-	b, ok := f.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
-}
-
-// printFlags lists fs's flags like flag.PrintDefaults, but with two dashes,
-// as the rest of the help writes them (the flag package accepts both).
-func printFlags(w io.Writer, fs *flag.FlagSet) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, usage := flag.UnquoteUsage(f)
-		if arg != "" {
-			arg = " " + arg
-		}
-		if !isBoolFlag(f) && f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" {
-			usage += fmt.Sprintf(" (default %s)", f.DefValue)
-		}
-		fmt.Fprintf(tw, "  --%s%s\t%s\n", f.Name, arg, usage)
-	})
-	tw.Flush()
-}
 
 func printJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)
@@ -299,12 +237,12 @@ func printJSON(out io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func runMigrate(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+func runMigrate(ctx context.Context, args []string, out, _ io.Writer, getenv env) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	var c common
 	c.register(fs)
 	yes := fs.Bool("yes", false, "confirm 'migrate down', which drops the record and inbox tables, or 'migrate force'")
-	pos, err := parse(fs, args, out, errOut, "idem migrate up|down|version|force N [flags]")
+	pos, err := parse(fs, args, out, "idem migrate up|down|version|force N [flags]")
 	if err != nil {
 		return err
 	}
@@ -375,6 +313,8 @@ func runMigrate(ctx context.Context, args []string, out, errOut io.Writer, geten
 		fmt.Fprintln(out, "recorded no version (version 0), not dirty; no migration was run")
 	case action == "force":
 		fmt.Fprintf(out, "recorded version %d, not dirty; no migration was run\n", version)
+	case action == "up" && version == before && !beforeDirty:
+		fmt.Fprintf(out, "already at version %d: nothing to migrate\n", version)
 	default:
 		fmt.Fprintf(out, "migrated %s: now at version %d\n", action, version)
 	}
@@ -387,17 +327,19 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	c.register(fs)
 	dryRun := fs.Bool("dry-run", false, "count the records a purge would delete, delete nothing")
 	batch := fs.Int("batch-size", 0, "delete `N` rows per statement; 0 means 10,000, or 2,000 with --rows-per-second")
-	inbox := fs.Duration("inbox-retention", 0, "also delete inbox rows consumed longer ago than `D` (e.g. 168h); 0 leaves the inbox alone")
+	var inboxRetention duration
+	fs.Var(&inboxRetention, "inbox-retention", "also delete inbox rows consumed longer ago than `D` (7d, 36h, 90m); 0 leaves the inbox alone")
 	rate := fs.Int("rows-per-second", 0, "pace the purge to at most `N` rows per second, leaving room for live traffic; 0 runs flat out")
 	progress := fs.String("progress", "auto", "show a progress bar on stderr: `auto|always|never`; auto shows it when stderr is a terminal")
-	pos, err := parse(fs, args, out, errOut, "idem purge [--dry-run] [flags]")
+	pos, err := parse(fs, args, out, "idem purge [--dry-run] [flags]")
 	if err != nil {
 		return err
 	}
+	inbox := time.Duration(inboxRetention)
 	if len(pos) > 0 {
 		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
 	}
-	if *batch < 0 || *inbox < 0 || *rate < 0 {
+	if *batch < 0 || inbox < 0 || *rate < 0 {
 		return usageError{"--batch-size, --inbox-retention and --rows-per-second must not be negative"}
 	}
 	if !slices.Contains([]string{"auto", "always", "never"}, *progress) {
@@ -412,46 +354,68 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	var expired, inboxRows int64
 	if *dryRun || showBar {
 		// Through the expires_at index: no full scan.
-		if expired, inboxRows, err = idem.CountExpired(ctx, pool, *inbox, c.options()...); err != nil {
-			return err
+		if expired, inboxRows, err = idem.CountExpired(ctx, pool, inbox, c.options()...); err != nil {
+			return c.explain(ctx, pool, err)
 		}
 	}
 	if *dryRun {
 		if c.json {
 			return printJSON(out, map[string]any{"dry_run": true, "expired": expired, "inbox": inboxRows})
 		}
-		fmt.Fprintf(out, "%d expired records would be deleted", expired)
-		if *inbox > 0 {
-			fmt.Fprintf(out, ", and %d inbox rows", inboxRows)
+		fmt.Fprintf(out, "%s would be deleted", count(expired, "expired record"))
+		if inbox > 0 {
+			fmt.Fprintf(out, ", and %s", count(inboxRows, "inbox row"))
 		}
 		fmt.Fprintln(out, "; nothing was deleted")
 		return nil
 	}
-	bar := newProgress(errOut, expired, showBar)
+	// The bar counts every row the purge deletes, records and inbox rows,
+	// as its summary does.
+	bar := newProgress(errOut, expired+inboxRows, showBar)
 	start := time.Now()
-	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: *batch, InboxRetention: *inbox, RowsPerSecond: *rate, OnBatch: bar.add}, c.options()...)
-	bar.done()
+	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: *batch, InboxRetention: inbox, RowsPerSecond: *rate, OnBatch: bar.add}, c.options()...)
+	// OnBatch reports the records' batches; the rest were inbox rows.
+	records := bar.deleted
 	elapsed := time.Since(start)
 	// Interrupted (Ctrl-C, SIGTERM), the purge reports what it did: the
 	// rows it deleted stay deleted.
 	interrupted := err != nil && ctx.Err() != nil
+	if err == nil {
+		bar.finish(deleted)
+	}
+	bar.done()
 	if err != nil && !interrupted {
-		return fmt.Errorf("%w (%d rows deleted before it)", err, deleted)
+		if err = c.explain(ctx, pool, err); deleted == 0 {
+			return err
+		}
+		return fmt.Errorf("%w (%s deleted before it)", err, count(deleted, "row"))
 	}
 	if c.json {
-		err = printJSON(out, map[string]any{"deleted": deleted, "seconds": elapsed.Seconds(), "interrupted": interrupted})
+		err = printJSON(out, map[string]any{"deleted": deleted, "records": records, "inbox": deleted - records,
+			"seconds": elapsed.Seconds(), "interrupted": interrupted})
 	} else {
-		prefix := ""
+		prefix, split := "", ""
 		if interrupted {
 			prefix = "interrupted: "
 		}
-		fmt.Fprintf(out, "%sdeleted %d rows in %s (%.0f rows/s)\n", prefix, deleted, elapsed.Round(time.Millisecond),
+		if inbox > 0 {
+			split = fmt.Sprintf(" (%s, %s)", count(records, "record"), count(deleted-records, "inbox row"))
+		}
+		fmt.Fprintf(out, "%sdeleted %s%s in %s (%.0f rows/s)\n", prefix, count(deleted, "row"), split, elapsed.Round(time.Millisecond),
 			float64(deleted)/max(elapsed.Seconds(), 1e-9))
 	}
 	if err == nil && interrupted {
 		err = errInterrupted
 	}
 	return err
+}
+
+// count is n and noun, in the plural unless n is 1: "1 record", "2 records".
+func count[N int | int64](n N, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // statuses are the record statuses stats lists, in its order.
@@ -465,13 +429,13 @@ func total(st *idem.Stats) int64 {
 	return n
 }
 
-func runInspect(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+func runInspect(ctx context.Context, args []string, out, _ io.Writer, getenv env) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var c common
 	c.register(fs)
 	scope := fs.String("scope", "", "the scope `S` of the key (required)")
 	key := fs.String("key", "", "the key `K` (required)")
-	pos, err := parse(fs, args, out, errOut, "idem inspect --scope S --key K [flags]")
+	pos, err := parse(fs, args, out, "idem inspect --scope S --key K [flags]")
 	if err != nil {
 		return err
 	}
@@ -491,7 +455,7 @@ func runInspect(ctx context.Context, args []string, out, errOut io.Writer, geten
 		return fmt.Errorf("no record for scope %q, key %q (never claimed, purged, or its claim not committed yet)", *scope, *key)
 	}
 	if err != nil {
-		return err
+		return c.explain(ctx, pool, err)
 	}
 	if c.json {
 		return printJSON(out, jsonRecord(r))
@@ -515,13 +479,13 @@ func runInspect(ctx context.Context, args []string, out, errOut io.Writer, geten
 		// A lease still processing holds its last checkpoint's data, not a
 		// response.
 		fmt.Fprintf(tw, "recovery point\t%s\n", cmpOr(r.RecoveryPoint, "(none: no checkpoint yet)"))
-		fmt.Fprintf(tw, "checkpoint data\t%s\n", describe(r.Response))
+		writeStored(tw, "checkpoint data", r.Response)
 		return tw.Flush()
 	}
 	if r.RecoveryPoint != "" {
 		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
 	}
-	fmt.Fprintf(tw, "response\t%s\n", describe(r.Response))
+	writeStored(tw, "response", r.Response)
 	return tw.Flush()
 }
 
@@ -546,68 +510,12 @@ func when(t, now time.Time) string {
 	}
 }
 
-// describe renders a stored response: JSON as it is, other bytes as a
-// length and a hex prefix.
-func describe(b []byte) string {
-	switch {
-	case b == nil:
-		return "(none)"
-	case json.Valid(b) && len(b) <= 4096:
-		return string(b)
-	default:
-		const show = 64
-		s := fmt.Sprintf("%d bytes: %s", len(b), hex.EncodeToString(b[:min(len(b), show)]))
-		if len(b) > show {
-			s += "..."
-		}
-		return s
-	}
-}
-
-type recordJSON struct {
-	Scope          string     `json:"scope"`
-	Key            string     `json:"key"`
-	Status         string     `json:"status"`
-	Attempt        int32      `json:"attempt"`
-	Fingerprint    string     `json:"fingerprint,omitempty"`
-	Response       any        `json:"response,omitempty"`
-	LockedUntil    *time.Time `json:"locked_until,omitempty"`
-	RecoveryPoint  string     `json:"recovery_point,omitempty"`
-	CheckpointData any        `json:"checkpoint_data,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	UpdatedAt      time.Time  `json:"updated_at"`
-	ExpiresAt      time.Time  `json:"expires_at"`
-}
-
-// jsonRecord is r for --json: the stored bytes are the response of a
-// finished record and the checkpoint data of a lease still processing,
-// embedded as JSON when they are JSON, else as base64.
-func jsonRecord(r *idem.Record) recordJSON {
-	j := recordJSON{Scope: r.Scope, Key: r.ID, Status: r.Status, Attempt: r.Attempt, LockedUntil: r.LockedUntil,
-		RecoveryPoint: r.RecoveryPoint, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiresAt: r.ExpiresAt}
-	if len(r.Fingerprint) > 0 {
-		j.Fingerprint = hex.EncodeToString(r.Fingerprint)
-	}
-	var stored any
-	if json.Valid(r.Response) {
-		stored = json.RawMessage(r.Response)
-	} else if r.Response != nil {
-		stored = r.Response // []byte marshals as base64
-	}
-	if r.Status == idem.StatusProcessing {
-		j.CheckpointData = stored
-	} else {
-		j.Response = stored
-	}
-	return j
-}
-
-func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+func runStuck(ctx context.Context, args []string, out, _ io.Writer, getenv env) error {
 	fs := flag.NewFlagSet("stuck", flag.ContinueOnError)
 	var c common
 	c.register(fs)
 	limit := fs.Int("limit", 100, "list at most `N` records")
-	pos, err := parse(fs, args, out, errOut, "idem stuck [--limit N] [flags]")
+	pos, err := parse(fs, args, out, "idem stuck [--limit N] [flags]")
 	if err != nil {
 		return err
 	}
@@ -624,7 +532,7 @@ func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	defer pool.Close()
 	recs, err := idem.Stuck(ctx, pool, *limit, c.options()...)
 	if err != nil {
-		return err
+		return c.explain(ctx, pool, err)
 	}
 	if c.json {
 		list := make([]recordJSON, 0, len(recs))
@@ -643,7 +551,7 @@ func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	for _, r := range recs {
 		data := "-"
 		if r.Response != nil {
-			data = shorten(describe(r.Response), 40)
+			data = shorten(summary(r.Response), 40)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s ago\t%s\t%s\t%s\n", r.Scope, r.ID, r.Attempt,
 			now.Sub(*r.LockedUntil).Round(time.Second), cmpOr(r.RecoveryPoint, "-"), data, r.CreatedAt.Format(time.RFC3339))
@@ -651,24 +559,19 @@ func runStuck(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d stuck leases (the next Claim of each key takes it over)\n", len(recs))
+	if len(recs) == 1 {
+		fmt.Fprintln(out, "1 stuck lease (the next Claim of its key takes it over)")
+	} else {
+		fmt.Fprintf(out, "%d stuck leases (the next Claim of each key takes it over)\n", len(recs))
+	}
 	return nil
 }
 
-// shorten cuts s to at most n runes, ending in "..." when cut.
-func shorten(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-3]) + "..."
-}
-
-func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv env) error {
+func runStats(ctx context.Context, args []string, out, _ io.Writer, getenv env) error {
 	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
 	var c common
 	c.register(fs)
-	pos, err := parse(fs, args, out, errOut, "idem stats [flags]")
+	pos, err := parse(fs, args, out, "idem stats [flags]")
 	if err != nil {
 		return err
 	}
@@ -682,7 +585,7 @@ func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	defer pool.Close()
 	st, err := idem.TableStats(ctx, pool, c.options()...)
 	if err != nil {
-		return err
+		return c.explain(ctx, pool, err)
 	}
 	if c.json {
 		// Every status, 0 included, so that the fields never vary.
@@ -715,10 +618,10 @@ func runStats(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	return tw.Flush()
 }
 
-func runVersion(_ context.Context, args []string, out, errOut io.Writer, _ env) error {
+func runVersion(_ context.Context, args []string, out, _ io.Writer, _ env) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parse(fs, args, out, errOut, "idem version [--json]   (or: idem --version)")
+	pos, err := parse(fs, args, out, "idem version [--json]   (or: idem --version)")
 	if err != nil {
 		return err
 	}
@@ -730,7 +633,20 @@ func runVersion(_ context.Context, args []string, out, errOut io.Writer, _ env) 
 	if *asJSON {
 		return printJSON(out, v)
 	}
-	fmt.Fprintf(out, "idem %s\n", v.Version)
+	return writeVersion(out, v)
+}
+
+// writeVersion writes v as text. A build that recorded neither a version nor
+// a commit gets a note saying how to build one that does.
+func writeVersion(out io.Writer, v versionInfo) error {
+	headline := "idem " + v.Version
+	if v.Version == "(devel)" && v.Revision != "" {
+		headline += " at commit " + v.Revision
+		if v.Modified == "true" {
+			headline += ", with uncommitted changes"
+		}
+	}
+	fmt.Fprintln(out, headline)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "  command\t%s %s\n", v.Path, v.Version)
 	fmt.Fprintf(tw, "  library\t%s %s\n", libraryPath, v.Library)
@@ -744,8 +660,23 @@ func runVersion(_ context.Context, args []string, out, errOut io.Writer, _ env) 
 	if v.Modified != "" {
 		fmt.Fprintf(tw, "  vcs.modified\t%s\n", v.Modified)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if v.Version == "(devel)" && v.Revision == "" {
+		_, err := fmt.Fprint(out, unversioned)
+		return err
+	}
+	return nil
 }
+
+// unversioned is the note of a build that recorded no version or commit.
+const unversioned = `This build recorded no version and no commit. 'go build' and 'go install' in
+a git checkout record them ('go install ./cmd/idem' from the repository's
+root) unless -buildvcs=false is set (see 'go env GOFLAGS'); 'go run' records
+them only with -buildvcs=true. Once a version is tagged,
+'go install github.com/idemkit/idem/cmd/idem@<version>' records it.
+`
 
 // libraryPath is the idem library's module.
 const libraryPath = "github.com/idemkit/idem"
@@ -840,9 +771,25 @@ func newProgress(w io.Writer, total int64, on bool) *progress {
 	return &progress{w: w, on: on, total: total, start: time.Now()}
 }
 
+// add counts n more rows deleted and draws the bar.
 func (p *progress) add(n int64) {
 	p.deleted += n
 	p.total = max(p.total, p.deleted) // records that expired since the count
+	p.draw()
+}
+
+// finish draws the bar of a purge that completed with deleted rows in all
+// (the inbox rows, whose batches OnBatch does not report, included), so
+// that it ends where the summary does.
+func (p *progress) finish(deleted int64) {
+	if p.deleted == deleted && p.total == deleted {
+		return
+	}
+	p.deleted, p.total = deleted, deleted
+	p.draw()
+}
+
+func (p *progress) draw() {
 	if !p.on {
 		return
 	}

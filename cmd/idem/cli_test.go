@@ -72,6 +72,32 @@ func testPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// migrated returns a pool and a fresh schema that 'idem migrate up' has
+// created the tables in.
+func migrated(t *testing.T) (*pgxpool.Pool, string) {
+	pool := testPool(t)
+	s := schema(t, pool)
+	code, _, errOut := cli(t, "migrate", "up", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	return pool, s
+}
+
+// insertExpired adds n expired records ("k1", "k2", ...) to schema s.
+func insertExpired(t *testing.T, pool *pgxpool.Pool, s string, n int) {
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{s, idem.DefaultTable}.Sanitize()+`
+		(scope, key, status, attempt, created_at, updated_at, expires_at)
+		SELECT 's', 'k' || i, 'succeeded', 1, now(), now(), now() - interval '1 second' FROM generate_series(1, $1) AS i`, n)
+	require.NoError(t, err)
+}
+
+// insertConsumed adds n inbox rows of consumer c to schema s, consumed the
+// given interval ago.
+func insertConsumed(t *testing.T, pool *pgxpool.Pool, s, c string, n int, ago string) {
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{s, idem.DefaultInboxTable}.Sanitize()+`
+		(consumer, message_id, consumed_at) SELECT $1, 'm' || i, now() - $3::interval FROM generate_series(1, $2) AS i`, c, n, ago)
+	require.NoError(t, err)
+}
+
 func TestCommandsEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	pool := testPool(t)
@@ -80,7 +106,10 @@ func TestCommandsEndToEnd(t *testing.T) {
 
 	code, out, errOut := cli(t, "migrate", "up", "--schema", s)
 	require.Equal(t, exitOK, code, errOut)
-	require.Contains(t, out, "now at version 2")
+	require.Equal(t, "migrated up: now at version 2\n", out)
+	code, out, errOut = cli(t, "migrate", "up", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "already at version 2: nothing to migrate\n", out, "an up-to-date schema is said to be so")
 	code, out, _ = cli(t, "migrate", "version", "--schema", s, "--json")
 	require.Equal(t, exitOK, code)
 	var ver struct {
@@ -149,7 +178,7 @@ func TestCommandsEndToEnd(t *testing.T) {
 	require.Equal(t, exitOK, code)
 	require.Regexp(t, `(?m)^SCOPE +KEY +ATTEMPT +LEASE ENDED +RECOVERY POINT +CHECKPOINT DATA +CREATED$`, out)
 	require.Regexp(t, `(?m)^pay +charge-7 +1 .* gateway-called +\{"ref":"G1"\} +`, out)
-	require.Contains(t, out, "1 stuck leases")
+	require.Contains(t, out, "\n1 stuck lease (the next Claim of its key takes it over)\n")
 	code, out, _ = cli(t, "stuck", "--schema", s, "--json")
 	require.Equal(t, exitOK, code)
 	var stuck []map[string]any
@@ -215,11 +244,7 @@ func TestCommandsEndToEnd(t *testing.T) {
 }
 
 func TestPurgeManyRowsInBatches(t *testing.T) {
-	ctx := context.Background()
-	pool := testPool(t)
-	s := schema(t, pool)
-	code, _, errOut := cli(t, "migrate", "up", "--schema", s)
-	require.Equal(t, exitOK, code, errOut)
+	pool, s := migrated(t)
 	code, out, errOut := cli(t, "stats", "--schema", s, "--json")
 	require.Equal(t, exitOK, code, errOut)
 	var empty map[string]any
@@ -229,13 +254,8 @@ func TestPurgeManyRowsInBatches(t *testing.T) {
 		"the same fields as for a full table")
 	require.Nil(t, empty["oldest"], "no oldest record")
 	require.Positive(t, empty["index_bytes"], "the sizes are read even when the table is empty")
-	_, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s, idem.DefaultTable}.Sanitize()+`
-		(scope, key, status, attempt, created_at, updated_at, expires_at)
-		SELECT 's', 'k' || i, 'succeeded', 1, now(), now(), now() - interval '1 second' FROM generate_series(1, 2500) AS i`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{s, idem.DefaultInboxTable}.Sanitize()+` (consumer, message_id, consumed_at)
-		SELECT 'c', 'm' || i, now() - interval '2 days' FROM generate_series(1, 5) AS i`)
-	require.NoError(t, err)
+	insertExpired(t, pool, s, 2500)
+	insertConsumed(t, pool, s, "c", 5, "2 days")
 	code, out, errOut = cli(t, "purge", "--schema", s, "--dry-run", "--inbox-retention", "24h")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "2500 expired records would be deleted, and 5 inbox rows; nothing was deleted")
@@ -274,10 +294,6 @@ func TestHelpfulErrors(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "table name")
 
-	code, _, errOut = cli(t, "stats", "--nope")
-	require.Equal(t, exitUsage, code)
-	require.Equal(t, 1, strings.Count(errOut, "flag provided but not defined"), "the mistake is said once")
-
 	code, _, errOut = cli(t, "stats", "--database-url", "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "connecting to nobody@127.0.0.1:1/none")
@@ -285,10 +301,17 @@ func TestHelpfulErrors(t *testing.T) {
 
 	code, _, errOut = cli(t, "stats", "--schema", "idem_cli_missing")
 	require.Equal(t, exitError, code)
-	require.Contains(t, errOut, "run 'idem migrate up --schema idem_cli_missing'")
+	require.Equal(t, "idem stats: table idem_cli_missing.idempotent_record does not exist: "+
+		"run 'idem migrate up --schema idem_cli_missing' to create it, or name the table with --schema and --table\n", errOut,
+		"one line: the table and the command that creates it")
 	code, _, errOut = cli(t, "stuck", "--limit", "3", "--schema=idem_cli_missing", "--table", "t")
 	require.Equal(t, exitError, code)
-	require.Contains(t, errOut, "run 'idem migrate up --schema idem_cli_missing --table t'")
+	require.Equal(t, "idem stuck: table idem_cli_missing.t does not exist: "+
+		"run 'idem migrate up --schema idem_cli_missing --table t' to create it, or name the table with --schema and --table\n", errOut)
+	code, _, errOut = cli(t, "inspect", "--table", "idem_cli_missing", "--scope", "s", "--key", "k")
+	require.Equal(t, exitError, code)
+	require.Equal(t, "idem inspect: table idem_cli_missing (in the search_path) does not exist: "+
+		"run 'idem migrate up --table idem_cli_missing' to create it, or name the table with --schema and --table\n", errOut)
 
 	code, _, errOut = cli(t, "purge", "--batch-size", "-1")
 	require.Equal(t, exitUsage, code)
@@ -385,15 +408,12 @@ func TestMigrateOnNothingCreatesNothing(t *testing.T) {
 // clears it.
 func TestMigrateForce(t *testing.T) {
 	ctx := context.Background()
-	pool := testPool(t)
-	s := schema(t, pool)
-	code, _, errOut := cli(t, "migrate", "up", "--schema", s)
-	require.Equal(t, exitOK, code, errOut)
+	pool, s := migrated(t)
 	_, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{s, idem.DefaultTable + "_schema_migrations"}.Sanitize()+` SET dirty = true`)
 	require.NoError(t, err)
 
-	code, out, _ := cli(t, "migrate", "version", "--schema", s)
-	require.Equal(t, exitOK, code)
+	code, out, errOut := cli(t, "migrate", "version", "--schema", s)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "version 2, dirty")
 	require.Contains(t, out, "'idem migrate force N --yes --schema "+s+"'")
 	code, _, errOut = cli(t, "migrate", "up", "--schema", s)
@@ -412,7 +432,7 @@ func TestMigrateForce(t *testing.T) {
 	require.Equal(t, "recorded version 2, not dirty; no migration was run\n", out)
 	code, out, errOut = cli(t, "migrate", "up", "--schema", s)
 	require.Equal(t, exitOK, code, errOut)
-	require.Contains(t, out, "now at version 2")
+	require.Contains(t, out, "already at version 2")
 
 	// -1 records no version; it is positional, not a flag, before or
 	// after the flags.
@@ -424,14 +444,9 @@ func TestMigrateForce(t *testing.T) {
 // Interrupted, a purge prints what it deleted and exits 130.
 func TestPurgeInterrupted(t *testing.T) {
 	ctx := context.Background()
-	pool := testPool(t)
-	s := schema(t, pool)
-	code, _, errOut := cli(t, "migrate", "up", "--schema", s)
-	require.Equal(t, exitOK, code, errOut)
+	pool, s := migrated(t)
 	records := pgx.Identifier{s, idem.DefaultTable}.Sanitize()
-	_, err := pool.Exec(ctx, `INSERT INTO `+records+` (scope, key, status, attempt, created_at, updated_at, expires_at)
-		SELECT 's', 'k' || i, 'succeeded', 1, now(), now(), now() - interval '1 second' FROM generate_series(1, 5000) AS i`)
-	require.NoError(t, err)
+	insertExpired(t, pool, s, 5000)
 	remaining := func() int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+records).Scan(&n))
@@ -464,7 +479,7 @@ func TestPurgeInterrupted(t *testing.T) {
 		require.Positive(t, deleted)
 		require.Less(t, deleted, before, "the purge stopped before the end")
 		if asJSON {
-			require.JSONEq(t, fmt.Sprintf(`{"deleted": %d, "interrupted": true, "seconds": 0}`, deleted),
+			require.JSONEq(t, fmt.Sprintf(`{"deleted": %d, "records": %d, "inbox": 0, "interrupted": true, "seconds": 0}`, deleted, deleted),
 				regexp.MustCompile(`"seconds": [0-9.e+-]+`).ReplaceAllString(res.out, `"seconds": 0`))
 		} else {
 			require.Regexp(t, fmt.Sprintf(`^interrupted: deleted %d rows in \S+ \(\d+ rows/s\)\n$`, deleted), res.out)
@@ -488,4 +503,146 @@ func TestConnectsWithPGVariables(t *testing.T) {
 	code := run(context.Background(), []string{"migrate", "up", "--schema", s}, &out, &errOut, func(string) string { return "" })
 	require.Equal(t, exitOK, code, errOut.String())
 	require.Contains(t, out.String(), "now at version 2")
+}
+
+// A missing inbox is named as such: the record table is there.
+func TestMissingInboxIsNamed(t *testing.T) {
+	pool, s := migrated(t)
+	_, err := pool.Exec(context.Background(), `DROP TABLE `+pgx.Identifier{s, idem.DefaultInboxTable}.Sanitize())
+	require.NoError(t, err)
+	for _, args := range [][]string{{"--dry-run"}, {"--progress", "never"}} {
+		code, _, errOut := cli(t, append([]string{"purge", "--schema", s, "--inbox-retention", "1d"}, args...)...)
+		require.Equal(t, exitError, code)
+		require.Equal(t, "idem purge: table "+s+".idem_inbox does not exist: run 'idem migrate up --schema "+s+
+			"' to create it, or name the table with --schema and --table\n", errOut)
+	}
+}
+
+// A mistake in the flags is one line, the flag written as the help writes
+// it, with where to read more.
+func TestBadFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"purge", "-bogus"}, "idem purge: unknown flag --bogus (see idem purge --help)\n"},
+		{[]string{"stats", "--nope=1"}, "idem stats: unknown flag --nope (see idem stats --help)\n"},
+		{[]string{"purge", "--inbox-retention", "7x"}, `idem purge: invalid value "7x" for --inbox-retention: ` +
+			"want a duration such as 7d, 36h or 90m (units: d, h, m, s, ms; a day is 24 hours) (see idem purge --help)\n"},
+		{[]string{"purge", "--inbox-retention=7"}, `idem purge: invalid value "7" for --inbox-retention: ` +
+			"want a duration such as 7d, 36h or 90m (units: d, h, m, s, ms; a day is 24 hours) (see idem purge --help)\n"},
+		{[]string{"stuck", "--limit", "ten"}, `idem stuck: invalid value "ten" for --limit: want a whole number (see idem stuck --help)` + "\n"},
+		{[]string{"stats", "--json=maybe"}, `idem stats: invalid value "maybe" for --json: want true or false (see idem stats --help)` + "\n"},
+		{[]string{"stuck", "--limit"}, "idem stuck: --limit needs a value (see idem stuck --help)\n"},
+		{[]string{"migrate", "up", "---schema", "x"}, "idem migrate: unknown flag ---schema (see idem migrate --help)\n"},
+	} {
+		code, out, errOut := cli(t, tt.args...)
+		require.Equal(t, exitUsage, code, tt.args)
+		require.Equal(t, tt.want, errOut, tt.args)
+		require.Empty(t, out, tt.args)
+	}
+	// Other mistakes take the same form.
+	code, _, errOut := cli(t, "inspect", "--key", "k")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, "idem inspect: --scope and --key are required (see idem inspect --help)\n", errOut)
+}
+
+func TestParseDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"7d": 7 * 24 * time.Hour, "1.5d": 36 * time.Hour, "1d12h": 36 * time.Hour, "1d30m15s": 24*time.Hour + 30*time.Minute + 15*time.Second,
+		"36h": 36 * time.Hour, "90m": 90 * time.Minute, "0": 0, "0d": 0, "-2d": -48 * time.Hour, "+1d": 24 * time.Hour,
+	} {
+		got, err := parseDuration(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "7", "d", "7x", "1d-5h", "1d+5h", "1dd", "d7", "1e9d", "106752d", "7 d"} {
+		_, err := parseDuration(in)
+		require.Error(t, err, in)
+	}
+}
+
+// Days are accepted where operators type them, and counts are in the
+// singular when they are 1.
+func TestPurgeSaysWhatItDeletes(t *testing.T) {
+	ctx := context.Background()
+	pool, s := migrated(t)
+	insertExpired(t, pool, s, 2)
+	records := pgx.Identifier{s, idem.DefaultTable}.Sanitize()
+	_, err := pool.Exec(ctx, `UPDATE `+records+` SET expires_at = now() + interval '1 hour' WHERE key = 'k2'`)
+	require.NoError(t, err)
+	// Consumed eight days ago (purged with a retention of 7d) and six
+	// days ago (kept).
+	insertConsumed(t, pool, s, "old", 1, "8 days")
+	insertConsumed(t, pool, s, "recent", 1, "6 days")
+
+	code, out, errOut := cli(t, "purge", "--schema", s, "--dry-run", "--inbox-retention", "7d")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "1 expired record would be deleted, and 1 inbox row; nothing was deleted\n", out)
+
+	code, out, errOut = cli(t, "purge", "--schema", s, "--inbox-retention=7d", "--progress", "never")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `^deleted 2 rows \(1 record, 1 inbox row\) in \S+ \(\d+ rows/s\)\n$`, out)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{s, idem.DefaultInboxTable}.Sanitize()).Scan(&left))
+	require.Equal(t, 1, left, "the row consumed six days ago stays")
+
+	code, out, errOut = cli(t, "purge", "--schema", s, "--inbox-retention=7d", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	require.JSONEq(t, `{"deleted": 0, "records": 0, "inbox": 0, "interrupted": false, "seconds": 0}`,
+		regexp.MustCompile(`"seconds": [0-9.e+-]+`).ReplaceAllString(out, `"seconds": 0`))
+
+	_, err = pool.Exec(ctx, `UPDATE `+records+` SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	code, out, errOut = cli(t, "purge", "--schema", s, "--progress", "never")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `^deleted 1 row in `, out)
+}
+
+// The progress bar counts what the summary counts: records and inbox rows.
+func TestPurgeProgressAgreesWithTheSummary(t *testing.T) {
+	pool, s := migrated(t)
+	insertExpired(t, pool, s, 3)
+	insertConsumed(t, pool, s, "c", 1, "2 days")
+	code, out, errOut := cli(t, "purge", "--schema", s, "--inbox-retention", "1d", "--progress", "always")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "deleted 4 rows (3 records, 1 inbox row)")
+	bars := strings.Split(strings.TrimSpace(errOut), "\r")
+	require.Contains(t, bars[len(bars)-1], "100%  4/4 rows", "the bar ends where the summary does: %q", errOut)
+	require.NotContains(t, errOut, "/3 rows")
+}
+
+// A build that recorded its commit shows it on the first line; one that
+// recorded nothing says how to build one that does.
+func TestVersionSaysHowToRecordIt(t *testing.T) {
+	text := func(v versionInfo) string {
+		var b bytes.Buffer
+		require.NoError(t, writeVersion(&b, v))
+		return b.String()
+	}
+	bare := text(readVersion(&debug.BuildInfo{Main: debug.Module{Path: "github.com/idemkit/idem/cmd/idem", Version: "(devel)"}}, true))
+	require.Regexp(t, `^idem \(devel\)\n`, bare)
+	require.Contains(t, bare, "This build recorded no version and no commit.")
+	require.Contains(t, bare, "'go install ./cmd/idem'")
+	require.Contains(t, bare, "-buildvcs=false")
+	require.Contains(t, bare, "'go install github.com/idemkit/idem/cmd/idem@<version>'")
+	require.Contains(t, text(readVersion(nil, false)), "This build recorded no version")
+
+	// A build from a checkout: the commit, and whether the tree was clean.
+	checkout := text(readVersion(&debug.BuildInfo{
+		Main:     debug.Module{Path: "github.com/idemkit/idem/cmd/idem", Version: "(devel)"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"}},
+	}, true))
+	require.Regexp(t, `^idem \(devel\) at commit abc123, with uncommitted changes\n`, checkout)
+	require.Regexp(t, `(?m)^  vcs.revision +abc123$`, checkout)
+	require.NotContains(t, checkout, "recorded no version")
+
+	// Go stamps a checkout's build with a pseudo-version naming the commit.
+	stamped := text(readVersion(&debug.BuildInfo{
+		Main:     debug.Module{Path: "github.com/idemkit/idem/cmd/idem", Version: "v0.0.0-20261201210045-1e609ac252d0"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "1e609ac252d05b3a7252b64f5cb0de710d658dc5"}, {Key: "vcs.modified", Value: "false"}},
+	}, true))
+	require.Regexp(t, `^idem v0.0.0-20261201210045-1e609ac252d0\n`, stamped)
+	require.Regexp(t, `(?m)^  vcs.revision +1e609ac252d05b3a7252b64f5cb0de710d658dc5$`, stamped)
+	require.NotContains(t, stamped, "recorded no version")
 }

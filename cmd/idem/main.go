@@ -1,9 +1,19 @@
 // Command idem operates idem's record table: it applies, reverts, shows
 // and forces the migrations' version, purges expired records, shows one
-// record, lists stuck leases, prints table statistics and prints its own
-// version.
+// record (decoding the responses idemhttp's middleware recorded), lists
+// stuck leases, prints table statistics and prints its own version.
 //
-//	go run github.com/idemkit/idem/cmd/idem@latest --help
+// Install it from a checkout of the repository; from its root, the
+// committed go.work builds the command against the checkout's library:
+//
+//	git clone https://github.com/idemkit/idem
+//	cd idem
+//	go install ./cmd/idem
+//	idem --help
+//
+// Once a version is tagged, go install github.com/idemkit/idem/cmd/idem@<version>
+// works from anywhere. 'idem version' prints the version and the commit the
+// build recorded.
 //
 // It connects with --database-url, else DATABASE_URL, else the libpq PG*
 // variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, ...).
