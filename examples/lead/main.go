@@ -15,8 +15,9 @@
 // other keeps the page offline for a few seconds. Either way the page
 // resends with the same key, and the answer comes from the record.
 //
-// It connects with DATABASE_URL or the PG* defaults and keeps its tables in
-// the schema lead_example.
+// It connects with DATABASE_URL (and says what to set when it is unset) and
+// keeps its tables and idem's in the schema lead_example, created if missing
+// (DROP SCHEMA lead_example CASCADE removes them).
 package main
 
 import (
@@ -92,6 +93,7 @@ func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
 	})
 	defer stopServing()
 	fmt.Fprintf(out, "lead form example: listening on http://%s/\n", ln.Addr())
+	fmt.Fprintln(out, exampledb.Where(pool, schema))
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
@@ -103,9 +105,6 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 }
 
 func newHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema); err != nil {
-		return nil, err
-	}
 	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
 		return nil, err
 	}

@@ -25,6 +25,13 @@ import (
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
+// The service keeps its tables and idem's in its schema: started twice on a
+// database of the test's own, with a DATABASE_URL that names no
+// search_path, it leaves public and every other schema as they were.
+func TestKeepsToItsSchema(t *testing.T) {
+	exampletest.KeepsToSchema(t, schema, func(url string) { newTestServerOn(t, url) })
+}
+
 type testServer struct {
 	*httptest.Server
 	pool  *pgxpool.Pool
@@ -42,8 +49,15 @@ func databaseURL(t *testing.T) string {
 
 func newTestServer(t *testing.T) *testServer {
 	t.Helper()
+	return newTestServerOn(t, databaseURL(t))
+}
+
+// newTestServerOn serves the example on the database at url until the test
+// ends.
+func newTestServerOn(t *testing.T, url string) *testServer {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := connect(ctx, databaseURL(t))
+	pool, err := connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,6 +251,7 @@ func TestLeadLostResponse(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d leads under the key", n)
 	}
+	browser.Fits(t, ctx)
 	browser.SaveScreenshot(t, ctx, "../../docs/images/lead.png")
 }
 
@@ -349,8 +364,8 @@ func TestLeadDoubleClick(t *testing.T) {
 }
 
 // A start on a port that is taken fails at once, before it reaches the
-// database; a start that binds says where it listens, serves there, and
-// stops when its context is done.
+// database; a start that binds says where it listens and where its tables
+// are, serves there, and stops when its context is done.
 func TestRun(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -369,10 +384,16 @@ func TestRun(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, "127.0.0.1:0", databaseURL(t), pw); pw.Close() }()
-	line, err := bufio.NewReader(pr).ReadString('\n')
+	lines := bufio.NewReader(pr)
+	line, err := lines.ReadString('\n')
 	if err != nil {
 		t.Fatal(err)
 	}
+	where, err := lines.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	exampletest.SaysWhere(t, where, schema)
 	go io.Copy(io.Discard, pr)
 	_, url, ok := strings.Cut(strings.TrimSpace(line), "listening on ")
 	if !ok {

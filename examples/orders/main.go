@@ -20,9 +20,11 @@
 //
 //	go run ./examples/orders
 //
-// It connects with DATABASE_URL or the PG* defaults, keeps its tables in the
-// schema orders_example, and listens on 127.0.0.1:8080 (-addr). Interrupted
-// (Ctrl-C), it finishes the requests in flight and exits.
+// It connects with DATABASE_URL (and says what to set when it is unset),
+// keeps its tables and idem's in the schema orders_example, created if
+// missing (DROP SCHEMA orders_example CASCADE removes them), and listens on
+// 127.0.0.1:8080 (-addr). Interrupted (Ctrl-C), it finishes the requests in
+// flight and exits.
 package main
 
 import (
@@ -81,7 +83,8 @@ func run(ctx context.Context, addr string, stdout io.Writer) error {
 		return err
 	}
 	url := "http://" + ln.Addr().String() // the bound port, also when addr asks for port 0
-	fmt.Fprintf(stdout, "orders example listening on %s (tables in schema %s)\n", url, schema)
+	fmt.Fprintf(stdout, "orders example listening on %s\n", url)
+	fmt.Fprintln(stdout, exampledb.Where(pool, schema))
 	fmt.Fprintf(stdout, "try: curl -i -X POST %s/orders -H 'Idempotency-Key: k1' -H 'X-User: alice' -d '{\"amount_cents\": 1999}'\n", url)
 
 	srv := &http.Server{Handler: svc.routes(), ReadHeaderTimeout: 5 * time.Second}
@@ -109,11 +112,9 @@ type service struct {
 	orders *idem.StateMachine
 }
 
-// setup creates the schema, idem's tables and the example's tables.
+// setup creates idem's tables and the example's in the schema, which
+// connect made.
 func setup(ctx context.Context, pool *pgxpool.Pool) (*service, error) {
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema); err != nil {
-		return nil, err
-	}
 	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
 		return nil, err
 	}

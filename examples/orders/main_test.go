@@ -21,12 +21,26 @@ import (
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
+// The service keeps its tables and idem's in its schema: started twice on a
+// database of the test's own, with a DATABASE_URL that names no
+// search_path, it leaves public and every other schema as they were.
+func TestKeepsToItsSchema(t *testing.T) {
+	exampletest.KeepsToSchema(t, schema, func(url string) { newTestServerOn(t, url) })
+}
+
 func newTestServer(t *testing.T) (*httptest.Server, *service) {
 	t.Helper()
 	url := os.Getenv("TEST_DATABASE_URL")
 	if url == "" {
 		t.Fatal("TEST_DATABASE_URL is not set: point it at a PostgreSQL database (see README.md)")
 	}
+	return newTestServerOn(t, url)
+}
+
+// newTestServerOn serves the example on the database at url until the test
+// ends.
+func newTestServerOn(t *testing.T, url string) (*httptest.Server, *service) {
+	t.Helper()
 	t.Setenv("DATABASE_URL", url)
 	ctx := context.Background()
 	pool, err := connect(ctx)
@@ -248,8 +262,8 @@ func TestRunPortTaken(t *testing.T) {
 	}
 }
 
-// run announces the address it has bound, port 0 resolved, serves on it
-// at once, and returns when its context ends.
+// run announces the address it has bound, port 0 resolved, and where its
+// tables are, serves on it at once, and returns when its context ends.
 func TestRunAnnouncesBoundAddress(t *testing.T) {
 	url := os.Getenv("TEST_DATABASE_URL")
 	if url == "" {
@@ -269,6 +283,10 @@ func TestRunAnnouncesBoundAddress(t *testing.T) {
 		t.Fatalf("run printed nothing and returned %v", <-done)
 	}
 	first := lines.Text()
+	if !lines.Scan() {
+		t.Fatalf("run printed one line and returned %v", <-done)
+	}
+	exampletest.SaysWhere(t, lines.Text(), schema)
 	go io.Copy(io.Discard, out) //nolint:errcheck // the rest of the output
 	var base string
 	if _, err := fmt.Sscanf(first, "orders example listening on %s", &base); err != nil || strings.HasSuffix(base, ":0") {

@@ -19,8 +19,10 @@
 //     its Complete fails with ErrLeaseLost, so its transaction rolls back.
 //
 // The program ends by checking that the gateway holds exactly one charge and
-// the database one payment. It connects with DATABASE_URL or the PG*
-// defaults and keeps its tables in the schema payment_example.
+// the database one payment. It connects with DATABASE_URL (and says what to
+// set when it is unset) and keeps its tables and idem's in the schema
+// payment_example, created if missing (DROP SCHEMA payment_example CASCADE
+// removes them).
 package main
 
 import (
@@ -40,6 +42,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/exampledb"
 	"github.com/idemkit/idem/migrations"
 )
 
@@ -229,18 +232,11 @@ func (w worker) record(ctx context.Context, l *idem.Lease[receipt], orderID int6
 }
 
 func run(ctx context.Context, stdout interface{ Write([]byte) (int, error) }) error {
-	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := exampledb.Connect(ctx, os.Getenv("DATABASE_URL"), schema)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("cannot reach PostgreSQL (set DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable): %w", err)
-	}
 	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
 		return err
 	}
@@ -256,6 +252,7 @@ func run(ctx context.Context, stdout interface{ Write([]byte) (int, error) }) er
 	var out bytes.Buffer
 	var mu sync.Mutex
 	defer func() { _, _ = stdout.Write(out.Bytes()) }()
+	fmt.Fprintf(&out, "%s\n\n", exampledb.Where(pool, schema))
 	opt := idem.WithTable(schema, idem.DefaultTable)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)

@@ -14,6 +14,21 @@ import (
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
+// The example keeps its tables and idem's in its schema: run twice on a
+// database of the test's own, with a DATABASE_URL that names no
+// search_path, it leaves public and every other schema as they were.
+func TestKeepsToItsSchema(t *testing.T) {
+	exampletest.KeepsToSchema(t, schema, func(url string) {
+		t.Setenv("DATABASE_URL", url)
+		var out bytes.Buffer
+		if err := run(context.Background(), &out); err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		first, _, _ := strings.Cut(out.String(), "\n")
+		exampletest.SaysWhere(t, first, schema)
+	})
+}
+
 // The example checks itself: run fails unless the gateway holds exactly one
 // charge and the database one payment.
 func TestPaymentChargedOnce(t *testing.T) {
@@ -33,14 +48,15 @@ func TestPaymentChargedOnce(t *testing.T) {
 	}
 
 	// The example's README.md shows a run's output: it must be what the
-	// example prints, the random payment reference aside.
+	// example prints, the random payment reference and the database's
+	// address aside.
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	shown := transcript(string(readme), "worker A claimed ")
+	shown := transcript(string(readme), "database ")
 	if shown == "" {
-		t.Fatal("README.md of this example has no transcript (a text block starting with \"worker A claimed\")")
+		t.Fatal("README.md of this example has no transcript (a text block starting with \"database \")")
 	}
 	if got, want := normalize(out.String()), normalize(shown); got != want {
 		t.Errorf("README.md's transcript differs from what the example prints; replace it with:\n%s", out.String())
@@ -59,6 +75,12 @@ func transcript(markdown, prefix string) string {
 	return ""
 }
 
-var paymentRef = regexp.MustCompile(`pay-[0-9a-f]{12}`)
+var (
+	paymentRef = regexp.MustCompile(`pay-[0-9a-f]{12}`)
+	database   = regexp.MustCompile(`^database \S+, `)
+)
 
-func normalize(s string) string { return paymentRef.ReplaceAllString(strings.TrimSpace(s), "pay-REF") }
+func normalize(s string) string {
+	s = paymentRef.ReplaceAllString(strings.TrimSpace(s), "pay-REF")
+	return database.ReplaceAllString(s, "database USER@HOST:PORT/DB, ")
+}

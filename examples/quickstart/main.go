@@ -5,21 +5,23 @@
 // idem.WithIdempotency into a table that has no unique constraint. It prints
 // what happened and checks that the table holds exactly one row per user.
 //
-//	go run ./examples/quickstart
+//	DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' go run ./examples/quickstart
 //
-// It connects with DATABASE_URL, or else with libpq's PG* variables and
-// defaults, applies idem's migrations, and can be run again and again: each
-// run opens a new activity.
+// It connects with DATABASE_URL (and says what to set when it is unset),
+// keeps its table and idem's in the schema quickstart_example, created if
+// missing, applies idem's migrations there, and can be run again and again:
+// each run opens a new activity. DROP SCHEMA quickstart_example CASCADE
+// removes all it made.
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -29,13 +31,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/exampledb"
 	"github.com/idemkit/idem/migrations"
 )
+
+// schema holds the quickstart's table and idem's: the pool's search_path is
+// set to it, so the unqualified names below resolve there.
+const schema = "quickstart_example"
 
 func main() {
 	users := flag.Int("users", 500, "users signing up")
 	flag.Parse()
-	if err := run(context.Background(), *users); err != nil {
+	if err := run(context.Background(), *users, os.Getenv("DATABASE_URL"), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
@@ -147,45 +154,20 @@ func newFormKey() string {
 	return hex.EncodeToString(b)
 }
 
-func connect(ctx context.Context) (*pgxpool.Pool, error) {
-	url := os.Getenv("DATABASE_URL")
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	cfg.MaxConns = 32
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = pool.Ping(pingCtx)
-		cancel()
-		if err != nil {
-			pool.Close()
-		}
-	}
-	if err != nil {
-		where := "DATABASE_URL"
-		if url == "" {
-			where = "the PG* defaults (DATABASE_URL is not set)"
-		}
-		return nil, fmt.Errorf(`cannot reach PostgreSQL through %s: %w
-
-Point the quickstart at a PostgreSQL 13+ database it may create tables in, e.g.
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable go run ./examples/quickstart
-or set PGHOST, PGPORT, PGUSER, PGPASSWORD and PGDATABASE.`, where, err)
-	}
-	return pool, nil
-}
-
-func run(ctx context.Context, users int) error {
+// run plays the launch with users on the database at databaseURL, printing
+// to out.
+func run(ctx context.Context, users int, databaseURL string, out io.Writer) error {
 	if users < 1 {
 		return fmt.Errorf("-users must be at least 1")
 	}
-	pool, err := connect(ctx)
+	// 32 connections serve the burst (pgxpool's default is 4, or one per CPU).
+	pool, err := exampledb.Connect(ctx, databaseURL, schema, func(cfg *pgxpool.Config) { cfg.MaxConns = 32 })
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	// Unqualified, idem's tables go where the quickstart's do: into the first
+	// schema of the search_path.
 	if err := migrations.Up(ctx, pool); err != nil { // creates idem's tables, or does nothing if they are up to date
 		return err
 	}
@@ -203,10 +185,9 @@ func run(ctx context.Context, users int) error {
 		return err
 	}
 
-	cfg := pool.Config().ConnConfig
-	fmt.Printf("idem quickstart: the launch of activity %d\n", s.activityID)
-	fmt.Printf("database: %s@%s:%d/%s (migrated)\n", cfg.User, cfg.Host, cfg.Port, cmp.Or(cfg.Database, cfg.User))
-	fmt.Printf("%d users open the form and submit: a double click, a lost response retried, a late resubmit (%d submissions)\n\n",
+	fmt.Fprintf(out, "idem quickstart: the launch of activity %d\n", s.activityID)
+	fmt.Fprintln(out, exampledb.Where(pool, schema))
+	fmt.Fprintf(out, "%d users open the form and submit: a double click, a lost response retried, a late resubmit (%d submissions)\n\n",
 		users, 4*users)
 
 	start := time.Now()
@@ -232,15 +213,15 @@ func run(ctx context.Context, users int) error {
 		return err
 	}
 	req := s.requests.Load()
-	fmt.Printf("requests:      %6d (submissions, with 409 answers resent)\n", req)
-	fmt.Printf("executions:    %6d (sign-ups written)\n", s.executions.Load())
-	fmt.Printf("replays:       %6d (answered with the first result)\n", s.replays.Load())
-	fmt.Printf("in progress:   %6d (409: the first submission was still running)\n", s.inProgress.Load())
-	fmt.Printf("rows in quickstart_signups for activity %d: %d (users: %d)\n", s.activityID, rows, users)
-	fmt.Printf("elapsed:       %v, %.0f requests/s\n", elapsed.Round(time.Millisecond), float64(req)/elapsed.Seconds())
+	fmt.Fprintf(out, "requests:      %6d (submissions, with 409 answers resent)\n", req)
+	fmt.Fprintf(out, "executions:    %6d (sign-ups written)\n", s.executions.Load())
+	fmt.Fprintf(out, "replays:       %6d (answered with the first result)\n", s.replays.Load())
+	fmt.Fprintf(out, "in progress:   %6d (409: the first submission was still running)\n", s.inProgress.Load())
+	fmt.Fprintf(out, "rows in quickstart_signups for activity %d: %d (users: %d)\n", s.activityID, rows, users)
+	fmt.Fprintf(out, "elapsed:       %v, %.0f requests/s\n", elapsed.Round(time.Millisecond), float64(req)/elapsed.Seconds())
 	if rows != users || distinct != users || s.executions.Load() != int64(users) {
 		return fmt.Errorf("FAIL: %d rows for %d distinct users, %d executions; want %d of each", rows, distinct, s.executions.Load(), users)
 	}
-	fmt.Println("OK: one sign-up per user, every repeat answered with the first result")
+	fmt.Fprintln(out, "OK: one sign-up per user, every repeat answered with the first result")
 	return nil
 }

@@ -16,9 +16,11 @@
 // for a few seconds. Either way the page resends with the same token, and
 // the answer comes from the record.
 //
-// It connects with DATABASE_URL or the PG* defaults, keeps its tables in the
-// schema signup_example, and seeds users 1 to 5 (open /?user=2 to be user
-// 2) and, at each start, a new activity with all its seats free.
+// It connects with DATABASE_URL (and says what to set when it is unset),
+// keeps its tables and idem's in the schema signup_example, created if
+// missing (DROP SCHEMA signup_example CASCADE removes them), and seeds users
+// 1 to 5 (open /?user=2 to be user 2) and, at each start, a new activity
+// with all its seats free.
 package main
 
 import (
@@ -94,6 +96,7 @@ func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
 	})
 	defer stopServing()
 	fmt.Fprintf(out, "sign-up example: listening on http://%s/?user=1 (users 1-5, activity %d)\n", ln.Addr(), app.activityID)
+	fmt.Fprintln(out, exampledb.Where(pool, schema))
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
@@ -111,9 +114,6 @@ type app struct {
 }
 
 func newApp(ctx context.Context, pool *pgxpool.Pool) (*app, error) {
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema); err != nil {
-		return nil, err
-	}
 	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
 		return nil, err
 	}

@@ -26,6 +26,13 @@ import (
 // The tests leave no schema behind (see exampletest.Main).
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m, schema)) }
 
+// The service keeps its tables and idem's in its schema: started twice on a
+// database of the test's own, with a DATABASE_URL that names no
+// search_path, it leaves public and every other schema as they were.
+func TestKeepsToItsSchema(t *testing.T) {
+	exampletest.KeepsToSchema(t, schema, func(url string) { newTestServerOn(t, url) })
+}
+
 type testServer struct {
 	*httptest.Server
 	app   *app
@@ -43,8 +50,15 @@ func databaseURL(t *testing.T) string {
 
 func newTestServer(t *testing.T) *testServer {
 	t.Helper()
+	return newTestServerOn(t, databaseURL(t))
+}
+
+// newTestServerOn serves the example on the database at url until the test
+// ends.
+func newTestServerOn(t *testing.T, url string) *testServer {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := connect(ctx, databaseURL(t))
+	pool, err := connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,6 +151,7 @@ func TestSignupPageLostResponse(t *testing.T) {
 	browser.WaitRows(t, ctx, 1)
 
 	browser.DroppedThenReplayed(t, ctx)
+	browser.Fits(t, ctx)
 	browser.SaveScreenshot(t, ctx, "../../docs/images/signup.png")
 }
 
@@ -402,18 +417,24 @@ func TestRunPortTaken(t *testing.T) {
 	}
 }
 
-// run says where it listens once it does, serves there, and stops when its
-// context is done.
+// run says where it listens once it does, and then where its tables are,
+// serves there, and stops when its context is done.
 func TestRunServes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, "127.0.0.1:0", databaseURL(t), pw); pw.Close() }()
-	line, err := bufio.NewReader(pr).ReadString('\n')
+	lines := bufio.NewReader(pr)
+	line, err := lines.ReadString('\n')
 	if err != nil {
 		t.Fatal(err)
 	}
+	where, err := lines.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	exampletest.SaysWhere(t, where, schema)
 	go io.Copy(io.Discard, pr)
 	_, url, ok := strings.Cut(strings.TrimSpace(line), "listening on ")
 	url, _, _ = strings.Cut(url, " ")

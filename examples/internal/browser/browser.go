@@ -1,8 +1,10 @@
 // Package browser starts the machine's Chromium for the examples' page
 // tests: headless, without a sandbox (the tests may run as root), with its
 // background networking off (this machine's network is closed), in a fresh
-// profile, with a viewport of a desktop's size. Without Chromium the tests
-// fail with a message saying how to install it; they never skip.
+// profile, with a viewport of a desktop's size, and with the pages in the
+// fonts the README's install line gives (fonts-liberation), whatever else
+// the machine has. Without Chromium the tests fail with a message saying how
+// to install it; they never skip.
 package browser
 
 import (
@@ -16,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/css"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 )
 
@@ -25,8 +29,32 @@ const Path = "/usr/bin/chromium"
 // Width and Height are the size of the page's viewport: a desktop's.
 const (
 	Width  = 1280
-	Height = 800
+	Height = 900
 )
+
+// Sans and Mono are the fonts every page test renders the pages in: those
+// of the README's install line, apt-get install chromium fonts-liberation,
+// so that the tests and the screenshots see what a reader who followed the
+// README sees, and not the fonts this machine may have besides (the
+// stylesheet lists Inter first).
+const (
+	Sans = "Liberation Sans"
+	Mono = "Liberation Mono"
+)
+
+// readmeFonts is the style that sets the stylesheet's font variables to
+// Sans and Mono; New adds it to every page as it loads.
+const readmeFonts = `:root { --sans: "` + Sans + `", sans-serif !important; --mono: "` + Mono + `", monospace !important; }`
+
+// addReadmeFonts is the script New runs in every new document: it adds
+// readmeFonts as the style element #readme-fonts, which Fits turns off and
+// on again.
+const addReadmeFonts = `document.addEventListener("DOMContentLoaded", () => {
+  const s = document.createElement("style");
+  s.id = "readme-fonts";
+  s.textContent = ` + "`" + readmeFonts + "`" + `;
+  document.head.append(s);
+});`
 
 // New returns a chromedp context with a started browser, closed at the end
 // of the test.
@@ -62,6 +90,9 @@ func New(t *testing.T) context.Context {
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank"), chromedp.EmulateViewport(Width, Height)); err != nil {
 		t.Fatalf("starting Chromium: %v", err)
 	}
+	if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: addReadmeFonts}); err != nil {
+		t.Fatalf("setting the pages' fonts: %v", err)
+	}
 	return ctx
 }
 
@@ -87,15 +118,16 @@ func screenshot(t *testing.T, ctx context.Context) {
 	t.Logf("screenshot of the page: %s", name)
 }
 
-// SaveScreenshot saves the page as the browser shows it (Width x Height) to
-// path, when IDEM_SCREENSHOTS is set: the pictures of the pages in
-// docs/images are made this way. Without the variable it does nothing, so
-// that a test run leaves the working tree as it was.
+// SaveScreenshot saves the page as the browser shows it (Width x Height, in
+// the README's fonts) to path, when IDEM_SCREENSHOTS is set: the pictures of
+// the pages in docs/images are made this way. Without the variable it does
+// nothing, so that a test run leaves the working tree as it was.
 func SaveScreenshot(t *testing.T, ctx context.Context, path string) {
 	t.Helper()
 	if os.Getenv("IDEM_SCREENSHOTS") == "" {
 		return
 	}
+	requireFont(t, ctx, ".panel h2", Sans)
 	// Let the page's highlights fade and its fonts settle first.
 	time.Sleep(1500 * time.Millisecond)
 	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
@@ -239,4 +271,86 @@ func DroppedThenReplayed(t *testing.T, ctx context.Context) string {
 		t.Errorf("the resend shows as %+v, want 201 replayed", resend)
 	}
 	return first.Key
+}
+
+// Fits fails the test if a cell of the request panel's table (#log's) is
+// clipped: its text wider than the cell, or the table wider than the box
+// that scrolls it, which cuts off the last column. It checks the page in
+// the fonts the stylesheet picks on this machine (the system's, or Inter),
+// with the README's turned off for a moment, and then in the README's fonts,
+// Sans and Mono, and fails, saying how to install them, if those are not
+// the ones the page is drawn in.
+func Fits(t *testing.T, ctx context.Context) {
+	t.Helper()
+	for _, f := range []struct {
+		fonts string
+		on    bool
+	}{{"the stylesheet's own choice of this machine's fonts", false}, {"the README's fonts", true}} { // the README's last: a screenshot follows
+		// Reading offsetWidth lays the page out again in the fonts now set.
+		js := fmt.Sprintf(`(document.getElementById("readme-fonts").disabled = %v, document.body.offsetWidth)`, !f.on)
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](js)); err != nil {
+			t.Fatalf("switching the fonts: %v", err)
+		}
+		if f.on {
+			requireFont(t, ctx, ".log th", Sans)
+			requireFont(t, ctx, "#log .badge", Mono)
+		}
+		clipped, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](clippedCells))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range clipped {
+			t.Errorf("at %dx%d in %s, %s", Width, Height, f.fonts, c)
+		}
+	}
+}
+
+// clippedCells lists the cells of the request table whose text does not
+// show whole: wider than the cell's content box, or past the right edge of
+// the .log-wrap box that scrolls the table.
+const clippedCells = `(() => {
+  const wrap = document.querySelector(".log-wrap");
+  const box = wrap.getBoundingClientRect();
+  const visible = box.left + wrap.clientLeft + wrap.clientWidth;
+  const out = [];
+  if (wrap.scrollWidth > wrap.clientWidth) {
+    out.push("the table is " + wrap.scrollWidth + "px wide in a box of " + wrap.clientWidth + "px");
+  }
+  for (const cell of document.querySelectorAll(".log th, .log td")) {
+    if (getComputedStyle(cell).display === "none" || cell.textContent.trim() === "") continue;
+    const range = document.createRange();
+    range.selectNodeContents(cell);
+    const text = range.getBoundingClientRect();
+    const r = cell.getBoundingClientRect();
+    const s = getComputedStyle(cell);
+    const right = Math.min(r.right - parseFloat(s.paddingRight), visible);
+    if (cell.scrollWidth > cell.clientWidth || text.right > right + 0.5) {
+      out.push("the cell " + JSON.stringify(cell.textContent.trim()) + " is clipped: its text ends at " +
+        text.right.toFixed(1) + "px, the cell shows up to " + right.toFixed(1) + "px");
+    }
+  }
+  return out;
+})()`
+
+// requireFont fails the test unless the text of the first element sel
+// names is drawn in the font family, as Chromium reports the platform font
+// it used.
+func requireFont(t *testing.T, ctx context.Context, sel, family string) {
+	t.Helper()
+	nodes, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS(sel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := chromedp.Call(ctx, css.GetPlatformFontsForNode, css.GetPlatformFontsForNodeParams{NodeID: nodes[0].NodeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used []string
+	for _, f := range res.Fonts {
+		if f.FamilyName == family {
+			return
+		}
+		used = append(used, f.FamilyName)
+	}
+	t.Fatalf("%s is drawn in %v, not %s: apt-get install fonts-liberation", sel, used, family)
 }

@@ -1,22 +1,28 @@
 // Package exampletest lets the tests of an example leave the database they
 // ran against as they found it. Each example keeps its tables in a schema
 // of its own (lead_example, orders_example, ...): Main creates it for the
-// tests, marked as theirs, and drops it when they end.
+// tests, marked as theirs, and drops it when they end. KeepsToSchema checks
+// on a database of the test's own that an example writes nowhere else.
 package exampletest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// marker is the comment on a schema the tests made.
+// marker is the comment on a schema or database the tests made.
 const marker = "made by the tests of an idem example; dropped when they end"
 
 // Main runs the tests of an example whose tables live in schema, on
@@ -83,19 +89,126 @@ func drop(ctx context.Context, dsn, schema string) error {
 	return err
 }
 
-// DatabaseURL is TEST_DATABASE_URL with search_path set to schema, for an
-// example that keeps its tables in the first schema of its search_path. It
-// is "" when TEST_DATABASE_URL is not set.
-func DatabaseURL(schema string) string {
-	dsn := strings.TrimSpace(os.Getenv("TEST_DATABASE_URL"))
-	if dsn == "" {
-		return ""
+// KeepsToSchema checks that an example keeps to its schema: it runs the
+// example twice (the second run finds the schema in place) on a database of
+// its own, created for the test on TEST_DATABASE_URL's server and dropped
+// when the test ends, and fails the test if the example made a table, index,
+// sequence or view outside schema, or none of idem's tables in it. start
+// runs the example on url, a URL with no search_path, as the README's
+// DATABASE_URL has none.
+func KeepsToSchema(t *testing.T, schema string, start func(url string)) {
+	t.Helper()
+	url := freshDatabase(t)
+	before := relations(t, url)
+	for range 2 {
+		start(url)
 	}
+	after := relations(t, url)
+	for s, names := range after {
+		if s != schema && !slices.Equal(names, before[s]) {
+			t.Errorf("the example made %v in schema %s, outside its schema %s (before it: %v)", names, s, schema, before[s])
+		}
+	}
+	if !slices.Contains(after[schema], "idempotent_record") {
+		t.Errorf("schema %s holds %v, not idem's record table", schema, after[schema])
+	}
+}
+
+// SaysWhere fails the test unless line, printed by an example as it
+// starts, names schema and how to drop it.
+func SaysWhere(t *testing.T, line, schema string) {
+	t.Helper()
+	if !strings.Contains(line, "schema "+schema) || !strings.Contains(line, "DROP SCHEMA "+schema+" CASCADE") {
+		t.Errorf("the example's line %q does not say that its tables are in the schema %s, and how to drop it", line, schema)
+	}
+}
+
+// freshDatabase creates an empty database, commented as the tests', on the
+// server of TEST_DATABASE_URL, drops it when the test ends, and returns its
+// URL.
+func freshDatabase(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("TEST_DATABASE_URL")
+	if dsn == "" {
+		t.Fatal("TEST_DATABASE_URL is not set: point it at a PostgreSQL database (see README.md)")
+	}
+	ctx := context.Background()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "idem_example_" + hex.EncodeToString(b)
+	ident := pgx.Identifier{name}.Sanitize()
+	admin := func(sql string) error {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	// CREATE DATABASE copies template1, and fails while another session is
+	// connected to it (55006): wait for that one to go.
+	var err error
+	for range 50 {
+		var pgErr *pgconn.PgError
+		if err = admin(`CREATE DATABASE ` + ident); !errors.As(err, &pgErr) || pgErr.Code != objectInUse {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("creating a database for the test: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := admin(`DROP DATABASE IF EXISTS ` + ident + ` WITH (FORCE)`); err != nil {
+			t.Errorf("dropping the test's database %s: %v", ident, err)
+		}
+	})
+	if err := admin(`COMMENT ON DATABASE ` + ident + ` IS '` + marker + `'`); err != nil {
+		t.Fatal(err)
+	}
+	return withDatabase(dsn, name)
+}
+
+// objectInUse is SQLSTATE 55006, object_in_use.
+const objectInUse = "55006"
+
+// withDatabase is dsn naming the database name instead of its own.
+func withDatabase(dsn, name string) string {
 	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
 		q := u.Query()
-		q.Set("search_path", schema)
+		q.Del("dbname")
 		u.RawQuery = q.Encode()
 		return u.String()
 	}
-	return dsn + " search_path=" + schema // keyword/value form
+	return dsn + " dbname=" + name // keyword/value form: the last one counts
+}
+
+// relations lists the tables, indexes, sequences and views of the database
+// at dsn, sorted, by schema, leaving out PostgreSQL's own schemas.
+func relations(t *testing.T, dsn string) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `
+		SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+		ORDER BY 1, 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string][]string{}
+	var schema, name string
+	if _, err := pgx.ForEachRow(rows, []any{&schema, &name}, func() error {
+		found[schema] = append(found[schema], name)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return found
 }

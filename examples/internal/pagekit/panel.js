@@ -186,8 +186,12 @@ function shortPath(path) {
   return path.replace(/=[^&]{9,}/g, "=…");
 }
 
+// pathSpan shows a path, with a place to break the line before its query.
 function pathSpan(path) {
-  const s = span("path", shortPath(path));
+  const short = shortPath(path);
+  const q = short.indexOf("?");
+  const s = span("path", q < 0 ? short : short.slice(0, q));
+  if (q >= 0) s.append(document.createElement("wbr"), short.slice(q));
   s.title = path;
   return s;
 }
