@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 )
@@ -19,21 +20,9 @@ func ExampleWithIdempotency() {
 	defer pool.Close()
 
 	key := idem.Key{Scope: "user:42", ID: "form-7f3c9a"} // made when the form opened
-	signup := func(ctx context.Context, tx pgx.Tx) (int64, error) {
-		var id int64
-		err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 7) RETURNING id`).Scan(&id)
-		return id, err
-	}
 	for range 2 {
-		tx, err := pool.Begin(ctx)
+		res, err := signUpInTx(ctx, pool, key)
 		if err != nil {
-			panic(err)
-		}
-		res, err := idem.WithIdempotency(ctx, tx, key, signup) // signup runs in a savepoint, once per key
-		if err != nil {
-			panic(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
 			panic(err)
 		}
 		fmt.Printf("sign-up %d, replayed: %v\n", res.Value, res.Replayed)
@@ -47,6 +36,27 @@ func ExampleWithIdempotency() {
 	// rows: 1
 }
 
+// signUpInTx signs user 42 up to activity 7, once per key, in a transaction
+// of its own that other work could share.
+func signUpInTx(ctx context.Context, pool *pgxpool.Pool, key idem.Key) (idem.Result[int64], error) {
+	signup := func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		var id int64
+		err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 7) RETURNING id`).Scan(&id)
+		return id, err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return idem.Result[int64]{}, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	res, err := idem.WithIdempotency(ctx, tx, key, signup) // signup runs in a savepoint, once per key
+	if err != nil {
+		return res, err // fn's error, or idem's: the deferred Rollback undoes everything
+	}
+	return res, tx.Commit(ctx) // the sign-up and its record commit together
+}
+
 // Do owns the transaction: it begins, claims the key, runs fn, records the
 // result and commits, retrying serialization failures.
 func ExampleDo() {
@@ -58,10 +68,9 @@ func ExampleDo() {
 		SignupID int64  `json:"signup_id"`
 		Message  string `json:"message"`
 	}
-	key := idem.Key{Scope: "user:42", ID: "form-0b1d2e"} // made when the form opened
+	key := idem.Key{Scope: "user:42", ID: "form-0b1d2e"} // the user, and the key the form made when it opened
 
-	// A double click, then a retry after a timeout:
-	for range 3 {
+	for range 3 { // a double click, then a retry after a timeout
 		res, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 8) RETURNING id`).Scan(&id)
@@ -70,7 +79,7 @@ func ExampleDo() {
 		if err != nil {
 			panic(err)
 		}
-		fmt.Printf("%+v replayed=%v\n", res.Value, res.Replayed)
+		fmt.Printf("%+v replayed=%v\n", res.Value, res.Replayed) // the same receipt every time
 	}
 	// Output:
 	// {SignupID:1 Message:you are in} replayed=false
@@ -141,35 +150,40 @@ func ExampleClaim() {
 
 	key := idem.Key{Scope: "orders", ID: "pay-order-17"}
 	for range 2 {
-		lease, res, err := idem.Claim[string](ctx, pool, key, 30*time.Second)
-		switch {
-		case errors.Is(err, idem.ErrInProgress): // another worker holds a live lease: answer 409
-			continue
-		case err != nil:
-			panic(err)
-		case lease == nil: // finished before: the recorded result
-			fmt.Println("replayed:", res.Value)
-			continue
-		}
-		workCtx, stop := lease.KeepAlive(ctx, pool) // renews the lease; workCtx ends if it is lost
-		if lease.RecoveryPoint() == "" {            // a takeover resumes from the last checkpoint
-			if err := lease.Checkpoint(workCtx, pool, "charging", nil); err != nil {
-				panic(err)
-			}
-		}
-		// ... call the payment gateway with key.ID and lease.Attempt(), the fencing token ...
-		fmt.Println("charging with fencing token", lease.Attempt())
-		err = lease.Complete(workCtx, pool, "ch_123") // ErrLeaseLost if another worker took over
-		if serr := stop(); err == nil {
-			err = serr
-		}
-		if err != nil {
+		if err := charge(ctx, pool, key); err != nil {
 			panic(err)
 		}
 	}
 	// Output:
 	// charging with fencing token 1
 	// replayed: ch_123
+}
+
+// charge pays for the order key names once, outside any transaction, under a
+// lease: a worker that finds the key in progress answers 409.
+func charge(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
+	lease, res, err := idem.Claim[string](ctx, pool, key, 30*time.Second)
+	switch {
+	case err != nil:
+		return err // idem.ErrInProgress: another worker holds a live lease, answer 409
+	case lease == nil: // finished before: the recorded result
+		fmt.Println("replayed:", res.Value)
+		return nil
+	}
+	workCtx, stop := lease.KeepAlive(ctx, pool) // renews the lease; workCtx ends if it is lost
+	if lease.RecoveryPoint() == "" {            // a takeover resumes from the last checkpoint
+		if err := lease.Checkpoint(workCtx, pool, "charging", nil); err != nil {
+			stop()
+			return err
+		}
+	}
+	// ... call the payment gateway with key.ID and lease.Attempt(), the fencing token ...
+	fmt.Println("charging with fencing token", lease.Attempt())
+	err = lease.Complete(workCtx, pool, "ch_123") // ErrLeaseLost if another worker took over
+	if serr := stop(); err == nil {
+		err = serr
+	}
+	return err
 }
 
 // A message redelivered by the broker is acknowledged without being

@@ -1,6 +1,10 @@
 package idem_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"go/types"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -126,4 +130,209 @@ func containsRun(lines, want []string) bool {
 		}
 	}
 	return false
+}
+
+// readmeGiven are the names the README gives every snippet in words, with
+// the sentence that gives them.
+var readmeGiven = map[string]string{
+	"ctx":  "`ctx` is a `context.Context`",
+	"pool": "`pool` a\n`*pgxpool.Pool`",
+}
+
+// readmeStdlib are the standard library packages the snippets may use
+// without the README showing their import.
+var readmeStdlib = []string{"context", "errors", "fmt", "http", "io", "os", "strings", "time"}
+
+// TestReadmeSnippetsStandAlone fails when a Go snippet of README.md uses a
+// name that neither it nor a snippet before it declares (nor the README's
+// text gives, readmeGiven), a package whose import the README never shows,
+// or a continue or break outside a loop: what a reader copying the snippet
+// could not make compile.
+func TestReadmeSnippetsStandAlone(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, sentence := range readmeGiven {
+		if !strings.Contains(string(readme), sentence) {
+			t.Errorf("README.md no longer says %q, which gives the snippets %s", sentence, name)
+		}
+	}
+	snippets := fencedBlocks(string(readme), "go")
+	declared := map[string]bool{"_": true}
+	for name := range readmeGiven {
+		declared[name] = true
+	}
+	for _, p := range readmeStdlib {
+		declared[p] = true
+	}
+	files := make([]*ast.File, len(snippets))
+	for i, s := range snippets {
+		f, err := parseSnippet(s.text)
+		if err != nil {
+			t.Fatalf("README.md line %d: the snippet does not parse as Go: %v", s.line, err)
+		}
+		files[i] = f
+		// Imports count wherever they are shown.
+		for _, imp := range f.Imports {
+			declared[importName(imp)] = true
+		}
+	}
+	for i, f := range files {
+		for name := range declarations(f) {
+			declared[name] = true
+		}
+		for _, u := range undeclared(f, declared) {
+			t.Errorf("README.md line %d: the snippet uses %s, which no snippet up to it declares", snippets[i].line, u)
+		}
+		for _, b := range strayBranches(f) {
+			t.Errorf("README.md line %d: the snippet has a %s outside a loop", snippets[i].line, b)
+		}
+	}
+}
+
+// parseSnippet parses a snippet as a file (declarations) or, failing that,
+// as the body of a function (statements).
+func parseSnippet(text string) (*ast.File, error) {
+	if f, err := parser.ParseFile(token.NewFileSet(), "", "package p\n"+text, parser.SkipObjectResolution); err == nil {
+		return f, nil
+	}
+	return parser.ParseFile(token.NewFileSet(), "", "package p\nfunc _() {\n"+text+"\n}", parser.SkipObjectResolution)
+}
+
+// importName is the name an import declares: its alias, or the last element
+// of its path that is not a major version.
+func importName(imp *ast.ImportSpec) string {
+	if imp.Name != nil {
+		return imp.Name.Name
+	}
+	parts := strings.Split(strings.Trim(imp.Path.Value, `"`), "/")
+	last := parts[len(parts)-1]
+	if len(parts) > 1 && regexp.MustCompile(`^v[0-9]+$`).MatchString(last) {
+		last = parts[len(parts)-2]
+	}
+	return last
+}
+
+// declarations are the names f declares anywhere: variables, constants,
+// types, functions and their parameters.
+func declarations(f *ast.File) map[string]bool {
+	names := map[string]bool{}
+	addFields := func(fl *ast.FieldList) {
+		if fl == nil {
+			return
+		}
+		for _, field := range fl.List {
+			for _, n := range field.Names {
+				names[n.Name] = true
+			}
+		}
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch x := n.(type) {
+		case *ast.AssignStmt:
+			if x.Tok == token.DEFINE {
+				for _, e := range x.Lhs {
+					if id, ok := e.(*ast.Ident); ok {
+						names[id.Name] = true
+					}
+				}
+			}
+		case *ast.RangeStmt:
+			if x.Tok == token.DEFINE {
+				for _, e := range []ast.Expr{x.Key, x.Value} {
+					if id, ok := e.(*ast.Ident); ok {
+						names[id.Name] = true
+					}
+				}
+			}
+		case *ast.ValueSpec:
+			for _, id := range x.Names {
+				names[id.Name] = true
+			}
+		case *ast.TypeSpec:
+			names[x.Name.Name] = true
+		case *ast.FuncDecl:
+			names[x.Name.Name] = true
+			addFields(x.Recv)
+		case *ast.FuncType:
+			addFields(x.Params)
+			addFields(x.Results)
+		}
+		return true
+	})
+	return names
+}
+
+// undeclared lists the names f uses that are not declared, in the
+// universe, or the function parseSnippet wraps statements in.
+func undeclared(f *ast.File, declared map[string]bool) []string {
+	var missing []string
+	seen := map[string]bool{}
+	var visit func(n ast.Node) bool
+	visit = func(n ast.Node) bool {
+		switch x := n.(type) {
+		case *ast.SelectorExpr:
+			ast.Inspect(x.X, visit) // x.Sel is a field, method or a package's name
+			return false
+		case *ast.KeyValueExpr:
+			if _, ok := x.Key.(*ast.Ident); !ok { // an identifier key names a field
+				ast.Inspect(x.Key, visit)
+			}
+			ast.Inspect(x.Value, visit)
+			return false
+		case *ast.Field:
+			ast.Inspect(x.Type, visit) // the names are declared, not used
+			return false
+		case *ast.BranchStmt, *ast.ImportSpec:
+			return false
+		case *ast.FuncDecl:
+			if x.Name.Name == "_" {
+				ast.Inspect(x.Body, visit)
+				return false
+			}
+		case *ast.Ident:
+			if !declared[x.Name] && types.Universe.Lookup(x.Name) == nil && !seen[x.Name] && x.Name != "p" {
+				seen[x.Name] = true
+				missing = append(missing, x.Name)
+			}
+		}
+		return true
+	}
+	for _, d := range f.Decls {
+		ast.Inspect(d, visit)
+	}
+	return missing
+}
+
+// strayBranches lists the continue and break statements of f that no loop,
+// switch or select encloses.
+func strayBranches(f *ast.File) []string {
+	var stray []string
+	var walk func(n ast.Node, inLoop, inSwitch bool)
+	walk = func(n ast.Node, inLoop, inSwitch bool) {
+		ast.Inspect(n, func(c ast.Node) bool {
+			if c == n {
+				return true
+			}
+			switch x := c.(type) {
+			case *ast.ForStmt, *ast.RangeStmt:
+				walk(x, true, inSwitch)
+				return false
+			case *ast.SwitchStmt, *ast.TypeSwitchStmt, *ast.SelectStmt:
+				walk(x, inLoop, true)
+				return false
+			case *ast.FuncLit:
+				walk(x, false, false)
+				return false
+			case *ast.BranchStmt:
+				if x.Label == nil && ((x.Tok == token.CONTINUE && !inLoop) || (x.Tok == token.BREAK && !inLoop && !inSwitch)) {
+					stray = append(stray, x.Tok.String())
+				}
+			}
+			return true
+		})
+	}
+	walk(f, false, false)
+	return stray
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/migrations"
 )
@@ -58,25 +57,30 @@ func skip(names []string) {
 // with it: the same Idempotency-Key gets the same answer, marked replayed.
 func ExampleMiddleware() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("TEST_DATABASE_URL"))
+	// The example works in a schema of its own, dropped at its end.
+	schema := "idemhttp_example"
+	cfg, err := pgxpool.ParseConfig(os.Getenv("TEST_DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		panic(err)
 	}
 	defer pool.Close()
-	schema := "idemhttp_example"
-	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE; CREATE SCHEMA `+schema); err != nil {
 		panic(err)
 	}
-	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
+	if err := migrations.Up(ctx, pool); err != nil {
 		panic(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.signups (id int GENERATED ALWAYS AS IDENTITY, name text)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE signups (id int GENERATED ALWAYS AS IDENTITY, name text)`); err != nil {
 		panic(err)
 	}
 
 	mw, err := idemhttp.Middleware(pool, idemhttp.Config{
-		Scope:   func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }, // the authenticated user
-		Options: []idem.DoOption{idem.WithTable(schema, idem.DefaultTable)},
+		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }, // the authenticated user
 	})
 	if err != nil {
 		panic(err)
@@ -85,7 +89,7 @@ func ExampleMiddleware() {
 		var id int
 		name, _ := io.ReadAll(r.Body)
 		err := idemhttp.Tx(r.Context()).QueryRow(r.Context(), // the request's transaction
-			`INSERT INTO `+schema+`.signups (name) VALUES ($1) RETURNING id`, string(name)).Scan(&id)
+			`INSERT INTO signups (name) VALUES ($1) RETURNING id`, string(name)).Scan(&id)
 		if err != nil {
 			http.Error(w, "database", http.StatusInternalServerError)
 			return
@@ -116,6 +120,15 @@ func ExampleMiddleware() {
 	// 201 sign-up 1 replayed: true
 }
 
+// order posts an order to url, retrying a lost answer or a 503 with the
+// same key.
+func order(url string) (*http.Response, error) {
+	client := &http.Client{Transport: &idemhttp.Transport{
+		NewKey: func() string { return "key-1" }, // random by default
+	}}
+	return client.Post(url, "text/plain", strings.NewReader("order"))
+}
+
 // The client Transport adds one key to a POST and retries it with the same
 // key: a lost answer or a 503 costs the server nothing but a replay.
 func ExampleTransport() {
@@ -130,10 +143,7 @@ func ExampleTransport() {
 	}))
 	defer srv.Close()
 
-	client := &http.Client{Transport: &idemhttp.Transport{
-		NewKey: func() string { return "key-1" }, // random by default
-	}}
-	resp, err := client.Post(srv.URL, "text/plain", strings.NewReader("order"))
+	resp, err := order(srv.URL)
 	if err != nil {
 		panic(err)
 	}
