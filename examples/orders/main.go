@@ -229,7 +229,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		return nil, false
 	}
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "body-unreadable", err.Error())
+		writeProblem(w, http.StatusBadRequest, "body-unreadable", "The request body could not be read to its end.")
 		return nil, false
 	}
 	return body, true
@@ -245,7 +245,12 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "idempotency-key-missing", "This request needs an Idempotency-Key header.")
 		return
 	case err != nil:
-		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
+		detail := "The Idempotency-Key header is not usable."
+		var ke *idemhttp.KeyError
+		if errors.As(err, &ke) {
+			detail = ke.Detail // in words for the client's developer
+		}
+		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", detail)
 		return
 	}
 	user := r.Header.Get("X-User") // stands in for real authentication
@@ -280,7 +285,7 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		}, idem.NoWait())
 	switch {
 	case errors.Is(err, idem.ErrInvalidKey):
-		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", err.Error())
+		writeProblem(w, http.StatusBadRequest, "idempotency-key-invalid", "The Idempotency-Key is not a usable key: send 1 to 255 printable ASCII characters.")
 		return
 	case errors.Is(err, idem.ErrInProgress):
 		w.Header().Set("Retry-After", "1")

@@ -206,15 +206,22 @@ func TestCreateOrderBodyTooLarge(t *testing.T) {
 func TestCreateOrderRepeatedKey(t *testing.T) {
 	srv, svc := newTestServer(t)
 	user := fmt.Sprintf("twice-%d", os.Getpid())
-	for _, keys := range [][]string{{"k1", "k2"}, {"k1, k2"}, {"k1", "k1"}} {
+	for _, c := range []struct {
+		keys []string
+		says string // in the problem's detail
+	}{
+		{[]string{"k1", "k2"}, "The request has 2 Idempotency-Key headers: send exactly one."},
+		{[]string{"k1, k2"}, "The Idempotency-Key header holds a list"},
+		{[]string{"k1", "k1"}, "The request has 2 Idempotency-Key headers"},
+	} {
 		var headers []string
-		for _, k := range keys {
+		for _, k := range c.keys {
 			headers = append(headers, "Idempotency-Key", k)
 		}
 		r := call(t, "POST", srv.URL+"/orders", `{"amount_cents": 1999}`, append(headers, "X-User", user)...)
 		wantProblem(t, r, 400, "idempotency-key-invalid")
-		if detail, _ := r.body["detail"].(string); !strings.Contains(detail, "repeated Idempotency-Key") {
-			t.Fatalf("keys %q: detail %q does not say the key is repeated", keys, detail)
+		if detail, _ := r.body["detail"].(string); !strings.Contains(detail, c.says) {
+			t.Fatalf("keys %q: detail %q does not say %q", c.keys, detail, c.says)
 		}
 	}
 	if n := countOrders(t, svc, user); n != 0 {
