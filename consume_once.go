@@ -121,7 +121,7 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 // purgeInbox deletes inbox rows consumed more than olderThan ago, in
 // batches of batchSize, skipping rows another transaction holds, paced by
 // pace (Purge's InboxRetention and RowsPerSecond).
-func purgeInbox(ctx context.Context, db DBTX, cfg *config, olderThan time.Duration, batchSize int, pace *pacer) (int64, error) {
+func purgeInbox(ctx context.Context, db DBTX, cfg *config, olderThan time.Duration, batchSize int, pace *pacer, onBatch func(int64)) (int64, error) {
 	var total int64
 	for {
 		tag, err := db.Exec(ctx, cfg.inbox.purge, olderThan.Microseconds(), batchSize)
@@ -129,6 +129,9 @@ func purgeInbox(ctx context.Context, db DBTX, cfg *config, olderThan time.Durati
 			return total, err
 		}
 		total += tag.RowsAffected()
+		if onBatch != nil {
+			onBatch(tag.RowsAffected())
+		}
 		if tag.RowsAffected() < int64(batchSize) {
 			return total, nil
 		}

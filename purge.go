@@ -32,6 +32,10 @@ type PurgeParams struct {
 	// OnBatch, when set, is called after each batch of records with the
 	// number of rows it deleted (a progress report); it must not block.
 	OnBatch func(deleted int64)
+	// OnInboxBatch, when set, is called after each batch of inbox rows
+	// (InboxRetention) with the number of rows it deleted, as OnBatch is
+	// for records; it must not block.
+	OnInboxBatch func(deleted int64)
 	// RowsPerSecond, when positive, paces Purge: after each batch it waits
 	// until the rows deleted so far (records and inbox rows) amount to at
 	// most this many per second since it started, so that a large purge
@@ -142,7 +146,7 @@ func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (_
 		}
 	}
 	if po.InboxRetention > 0 {
-		n, err := purgeInbox(ctx, db, &cfg, po.InboxRetention, po.BatchSize, pace)
+		n, err := purgeInbox(ctx, db, &cfg, po.InboxRetention, po.BatchSize, pace, po.OnInboxBatch)
 		total += n
 		if err != nil {
 			return total, err

@@ -266,9 +266,15 @@ func TestPurgeInboxByAge(t *testing.T) {
 	var records int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s.Records).Scan(&records))
 	require.Zero(t, records)
-	n, err := idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: 7 * 24 * time.Hour, BatchSize: 1000}, s.Opt, s.InboxOpt)
+	var recordBatches, inboxBatches []int64
+	n, err := idem.Purge(ctx, pool, idem.PurgeParams{InboxRetention: 7 * 24 * time.Hour, BatchSize: 1000,
+		OnBatch:      func(n int64) { recordBatches = append(recordBatches, n) },
+		OnInboxBatch: func(n int64) { inboxBatches = append(inboxBatches, n) },
+	}, s.Opt, s.InboxOpt)
 	require.NoError(t, err)
 	require.EqualValues(t, 2500, n)
+	require.Equal(t, []int64{0}, recordBatches, "one batch of records, empty")
+	require.Equal(t, []int64{1000, 1000, 500}, inboxBatches, "every inbox batch is reported")
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+inbox).Scan(&left))
 	require.Equal(t, 10, left)

@@ -373,9 +373,10 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	// as its summary does.
 	bar := newProgress(errOut, expired+inboxRows, showBar)
 	start := time.Now()
-	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: *batch, InboxRetention: inbox, RowsPerSecond: *rate, OnBatch: bar.add}, c.options()...)
-	// OnBatch reports the records' batches; the rest were inbox rows.
-	records := bar.deleted
+	var records int64
+	onRecords := func(n int64) { records += n; bar.add(n) }
+	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: *batch, InboxRetention: inbox, RowsPerSecond: *rate,
+		OnBatch: onRecords, OnInboxBatch: bar.add}, c.options()...)
 	elapsed := time.Since(start)
 	// Interrupted (Ctrl-C, SIGTERM), the purge reports what it did: the
 	// rows it deleted stay deleted.
@@ -778,9 +779,9 @@ func (p *progress) add(n int64) {
 	p.draw()
 }
 
-// finish draws the bar of a purge that completed with deleted rows in all
-// (the inbox rows, whose batches OnBatch does not report, included), so
-// that it ends where the summary does.
+// finish draws the bar of a purge that completed with deleted rows in all,
+// so that it ends where the summary does also when fewer rows than counted
+// were left to delete (purged meanwhile by another purge, say).
 func (p *progress) finish(deleted int64) {
 	if p.deleted == deleted && p.total == deleted {
 		return
