@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 )
 
@@ -36,7 +35,7 @@ type KeyError struct {
 	Err error
 	// Detail says what is wrong, in a sentence for the developer of the
 	// client that sent it; the middleware answers it as the problem
-	// details' "detail".
+	// details' "detail". It never quotes the key, which may be a secret.
 	Detail string
 }
 
@@ -50,11 +49,9 @@ func badKey(format string, args ...any) error {
 	return &KeyError{Err: ErrBadKey, Detail: fmt.Sprintf(format, args...)}
 }
 
-// listError is the error of a header value that is a list of n members.
-func listError(v string) error {
-	return &KeyError{Err: ErrRepeatedKey, Detail: "The Idempotency-Key header holds a list (" + v +
-		"): its value must be one key. A key that contains a comma must be sent as a quoted string, such as \"a,b\"."}
-}
+// errList is the error of a header value that is a list.
+var errList = &KeyError{Err: ErrRepeatedKey, Detail: "The Idempotency-Key header holds a list (members separated by a comma): " +
+	"its value must be one key. A key that contains a comma must be sent as a quoted string, such as \"a,b\"."}
 
 // ParseKey returns the idempotency key of h. The value is a Structured Field
 // string (RFC 8941: a quoted string of printable ASCII where only \" and \\
@@ -72,17 +69,6 @@ func ParseKey(h http.Header) (string, error) {
 			Detail: fmt.Sprintf("The request has %d Idempotency-Key headers: send exactly one.", len(values))}
 	}
 	return parseValue(values[0])
-}
-
-// maxShown bounds how much of a refused value a detail quotes.
-const maxShown = 40
-
-// shown quotes v for a detail, cut to maxShown bytes.
-func shown(v string) string {
-	if len(v) > maxShown {
-		return strconv.Quote(v[:maxShown]) + "..."
-	}
-	return strconv.Quote(v)
 }
 
 // describe names byte c for a detail.
@@ -114,15 +100,15 @@ func parseValue(v string) (string, error) {
 			case c == '\\':
 				i++
 				if i == len(v) || (v[i] != '"' && v[i] != '\\') {
-					return "", badKey(`In a quoted key a backslash may only escape a quote (\") or a backslash (\\); the key %s has another escape.`, shown(v))
+					return "", badKey(`In a quoted key a backslash may only escape a quote (\") or a backslash (\\); byte %d escapes another.`, i)
 				}
 				b.WriteByte(v[i])
 			case c == '"':
 				if rest := strings.TrimLeft(v[i+1:], " \t"); rest != "" {
 					if rest[0] == ',' {
-						return "", listError(shown(v))
+						return "", errList
 					}
-					return "", badKey("The Idempotency-Key header has text after the quoted key: %s.", shown(v))
+					return "", badKey("The Idempotency-Key header has text after the quoted key's closing quote.")
 				}
 				key = b.String()
 				goto done
@@ -132,17 +118,17 @@ func parseValue(v string) (string, error) {
 				b.WriteByte(c)
 			}
 		}
-		return "", badKey("The quoted key %s has no closing quote.", shown(v))
+		return "", badKey("The quoted key has no closing quote.")
 	} else {
 		for i := 0; i < len(v); i++ {
 			c := v[i]
 			switch {
 			case c == ',':
-				return "", listError(shown(v))
+				return "", errList
 			case c == '"' || c == '\\':
-				return "", badKey(`The key %s has a quote or a backslash: send such a key as a quoted string, with \" and \\ for them.`, shown(v))
+				return "", badKey(`The key has a quote or a backslash at byte %d: send such a key as a quoted string, with \" and \\ for them.`, i)
 			case c == ' ' || c == '\t':
-				return "", badKey("The key %s contains %s: send a key with spaces as a quoted string, such as \"a b\".", shown(v), describe(c))
+				return "", badKey("The key contains %s at byte %d: send a key with spaces as a quoted string, such as \"a b\".", describe(c), i)
 			case c < 0x21 || c > 0x7e:
 				return "", badKey("The key contains %s at byte %d: a key is printable ASCII.", describe(c), i)
 			}

@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -95,5 +96,20 @@ func TestResponseCodecRoundTrip(t *testing.T) {
 	for i := range data {
 		var r response
 		_ = responseCodec{}.Unmarshal(data[:i], &r) // truncated input must not panic
+	}
+}
+
+// A refused key's detail never quotes the key, which may be a credential.
+func TestKeyErrorDetailHidesTheKey(t *testing.T) {
+	for _, v := range []string{`"sk_live_unterminated`, `sk_live_has space`, `sk_live_a,b`, `"sk_live_x" tail`,
+		`"sk_live_\escape"`, `sk_live_"quote`, "sk_live_caf\xc3\xa9", `"sk_live_a", "b"`} {
+		_, err := ParseKey(http.Header{HeaderName: {v}})
+		var ke *KeyError
+		if !errors.As(err, &ke) {
+			t.Fatalf("%q: %v is not a *KeyError", v, err)
+		}
+		if strings.Contains(ke.Detail, "sk_live") || strings.Contains(err.Error(), "sk_live") {
+			t.Errorf("%q: the detail quotes the key: %s", v, ke.Detail)
+		}
 	}
 }

@@ -92,11 +92,11 @@ func TestTokenAnswers(t *testing.T) {
 	for name, id := range unknown {
 		r := post(t, srv.URL, "user:1", id, "http-"+name)
 		require.Equal(t, http.StatusBadRequest, r.status, name)
-		requireProblemDetail(t, r, idem.ErrTokenUnknown.Error(), name)
+		requireProblemDetail(t, r, "The Idempotency-Key is not a token this server issued: fetch one and send it as it was given.", name)
 	}
 	r := post(t, srv.URL, "user:1", theirs, "http-theirs")
 	require.Equal(t, http.StatusBadRequest, r.status)
-	requireProblemDetail(t, r, idem.ErrTokenOtherScope.Error(), "theirs")
+	requireProblemDetail(t, r, "The Idempotency-Key is a token issued to another caller: fetch one of your own.", "theirs")
 	require.Zero(t, h.runs.Load(), "the handler ran for a rejected token")
 
 	// The real tokens still work, each once, in its own scope.
