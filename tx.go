@@ -230,8 +230,12 @@ var errTxOwned = errors.New("idem: fn must not commit or roll back its transacti
 // Savepoints fn opens with Begin are guarded the same way (their Commit and
 // Rollback work) and stop with it. Conn and LargeObjects hand out pgx's own
 // objects, which fn must not keep.
+//
+// It embeds the transaction, so that a method a later pgx release adds to
+// pgx.Tx is forwarded as it is (unguarded) instead of breaking the build;
+// every method pgx.Tx has today is guarded below.
 type guardTx struct {
-	tx     pgx.Tx
+	pgx.Tx
 	closed *atomic.Bool // shared with the savepoints opened through this handle
 	top    bool         // the transaction itself: Commit and Rollback are refused
 }
@@ -246,7 +250,7 @@ type guardRoot struct {
 
 func newGuard(tx pgx.Tx) *guardTx {
 	r := &guardRoot{}
-	r.guardTx = guardTx{tx: tx, closed: &r.flag, top: true}
+	r.guardTx = guardTx{Tx: tx, closed: &r.flag, top: true}
 	return &r.guardTx
 }
 
@@ -257,11 +261,11 @@ func (g *guardTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if g.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
-	sp, err := g.tx.Begin(ctx)
+	sp, err := g.Tx.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &guardTx{tx: sp, closed: g.closed}, nil
+	return &guardTx{Tx: sp, closed: g.closed}, nil
 }
 
 func (g *guardTx) Commit(ctx context.Context) error {
@@ -271,7 +275,7 @@ func (g *guardTx) Commit(ctx context.Context) error {
 	if g.top {
 		return errTxOwned
 	}
-	return g.tx.Commit(ctx)
+	return g.Tx.Commit(ctx)
 }
 
 func (g *guardTx) Rollback(ctx context.Context) error {
@@ -281,56 +285,56 @@ func (g *guardTx) Rollback(ctx context.Context) error {
 	if g.top {
 		return errTxOwned
 	}
-	return g.tx.Rollback(ctx)
+	return g.Tx.Rollback(ctx)
 }
 
 func (g *guardTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	if g.closed.Load() {
 		return 0, pgx.ErrTxClosed
 	}
-	return g.tx.CopyFrom(ctx, table, columns, src)
+	return g.Tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (g *guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if g.closed.Load() {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
-	return g.tx.SendBatch(ctx, b)
+	return g.Tx.SendBatch(ctx, b)
 }
 
-func (g *guardTx) LargeObjects() pgx.LargeObjects { return g.tx.LargeObjects() }
+func (g *guardTx) LargeObjects() pgx.LargeObjects { return g.Tx.LargeObjects() }
 
 func (g *guardTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if g.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
-	return g.tx.Prepare(ctx, name, sql)
+	return g.Tx.Prepare(ctx, name, sql)
 }
 
 func (g *guardTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if g.closed.Load() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
-	return g.tx.Exec(ctx, sql, args...)
+	return g.Tx.Exec(ctx, sql, args...)
 }
 
 func (g *guardTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if g.closed.Load() {
 		// Rows that carry the error too, as pgx's own ended transactions
 		// return: pgx lets callers read Query's error from the Rows.
-		return errRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
+		return errRows{err: pgx.ErrTxClosed}, pgx.ErrTxClosed
 	}
-	return g.tx.Query(ctx, sql, args...)
+	return g.Tx.Query(ctx, sql, args...)
 }
 
 func (g *guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if g.closed.Load() {
-		return errRow{pgx.ErrTxClosed}
+		return errRow{err: pgx.ErrTxClosed}
 	}
-	return g.tx.QueryRow(ctx, sql, args...)
+	return g.Tx.QueryRow(ctx, sql, args...)
 }
 
-func (g *guardTx) Conn() *pgx.Conn { return g.tx.Conn() }
+func (g *guardTx) Conn() *pgx.Conn { return g.Tx.Conn() }
 
 // Unwrap returns the transaction (or savepoint) the guard forwards to, or
 // nil once fn has returned. It lets an adapter find its own transaction
@@ -339,15 +343,24 @@ func (g *guardTx) Unwrap() pgx.Tx {
 	if g.closed.Load() {
 		return nil
 	}
-	return g.tx
+	return g.Tx
 }
 
-type errRow struct{ err error }
+// errRow is a Row that holds only an error. It embeds pgx.Row (nil), so
+// that a method a later pgx release adds does not break the build.
+type errRow struct {
+	pgx.Row
+	err error
+}
 
 func (r errRow) Scan(...any) error { return r.err }
 
-// errRows is Rows that hold only an error.
-type errRows struct{ err error }
+// errRows is Rows that hold only an error, embedding pgx.Rows (nil) for the
+// same reason as errRow.
+type errRows struct {
+	pgx.Rows
+	err error
+}
 
 func (r errRows) Close()                                       {}
 func (r errRows) Err() error                                   { return r.err }
