@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 )
@@ -21,7 +20,7 @@ func ExampleWithIdempotency() {
 
 	key := idem.Key{Scope: "user:42", ID: "form-7f3c9a"} // made when the form opened
 	for range 2 {
-		res, err := signUpInTx(ctx, pool, key)
+		res, err := signUp(ctx, pool, key)
 		if err != nil {
 			panic(err)
 		}
@@ -34,27 +33,6 @@ func ExampleWithIdempotency() {
 	// sign-up 1, replayed: false
 	// sign-up 1, replayed: true
 	// rows: 1
-}
-
-// signUpInTx signs user 42 up to activity 7, once per key, in a transaction
-// of its own that other work could share.
-func signUpInTx(ctx context.Context, pool *pgxpool.Pool, key idem.Key) (idem.Result[int64], error) {
-	signup := func(ctx context.Context, tx pgx.Tx) (int64, error) {
-		var id int64
-		err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 7) RETURNING id`).Scan(&id)
-		return id, err
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return idem.Result[int64]{}, err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
-	res, err := idem.WithIdempotency(ctx, tx, key, signup) // signup runs in a savepoint, once per key
-	if err != nil {
-		return res, err // fn's error, or idem's: the deferred Rollback undoes everything
-	}
-	return res, tx.Commit(ctx) // the sign-up and its record commit together
 }
 
 // Do owns the transaction: it begins, claims the key, runs fn, records the
@@ -157,33 +135,6 @@ func ExampleClaim() {
 	// Output:
 	// charging with fencing token 1
 	// replayed: ch_123
-}
-
-// charge pays for the order key names once, outside any transaction, under a
-// lease: a worker that finds the key in progress answers 409.
-func charge(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
-	lease, res, err := idem.Claim[string](ctx, pool, key, 30*time.Second)
-	switch {
-	case err != nil:
-		return err // idem.ErrInProgress: another worker holds a live lease, answer 409
-	case lease == nil: // finished before: the recorded result
-		fmt.Println("replayed:", res.Value)
-		return nil
-	}
-	workCtx, stop := lease.KeepAlive(ctx, pool) // renews the lease; workCtx ends if it is lost
-	if lease.RecoveryPoint() == "" {            // a takeover resumes from the last checkpoint
-		if err := lease.Checkpoint(workCtx, pool, "charging", nil); err != nil {
-			stop()
-			return err
-		}
-	}
-	// ... call the payment gateway with key.ID and lease.Attempt(), the fencing token ...
-	fmt.Println("charging with fencing token", lease.Attempt())
-	err = lease.Complete(workCtx, pool, "ch_123") // ErrLeaseLost if another worker took over
-	if serr := stop(); err == nil {
-		err = serr
-	}
-	return err
 }
 
 // A message redelivered by the broker is acknowledged without being

@@ -20,7 +20,7 @@ import (
 var databaseExamples = []string{
 	"ExampleWithIdempotency", "ExampleDo", "ExamplePermanent", "ExampleStateMachine_Transition",
 	"ExampleClaim", "ExampleConsumeOnce", "ExampleInsertOrGet",
-	"ExampleIssueToken", "Example_setup", "ExamplePurge", "ExampleWithHooks", "ExampleLookup", "ExampleStuck", "ExamplePurger",
+	"ExampleIssueToken", "Example_service", "ExamplePurge", "ExampleWithHooks", "ExampleLookup", "ExampleStuck", "ExamplePurger",
 }
 
 // The runnable examples need a database: TEST_DATABASE_URL. (The

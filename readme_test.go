@@ -139,15 +139,13 @@ var readmeGiven = map[string]string{
 	"pool": "`pool` a\n`*pgxpool.Pool`",
 }
 
-// readmeStdlib are the standard library packages the snippets may use
-// without the README showing their import.
-var readmeStdlib = []string{"context", "errors", "fmt", "http", "io", "os", "strings", "time"}
-
-// TestReadmeSnippetsStandAlone fails when a Go snippet of README.md uses a
-// name that neither it nor a snippet before it declares (nor the README's
-// text gives, readmeGiven), a package whose import the README never shows,
-// or a continue or break outside a loop: what a reader copying the snippet
-// could not make compile.
+// TestReadmeSnippetsStandAlone fails when a Go snippet of README.md would
+// not compile where a reader pastes it: it uses a name that neither it nor
+// a snippet before it declares at its top level (nor the README's text
+// gives, readmeGiven), a package whose import the README does not show; it
+// declares a variable it never uses; it returns a value outside a function;
+// or it has a continue or break outside a loop. The imports shown must all
+// be used by some snippet.
 func TestReadmeSnippetsStandAlone(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -159,14 +157,12 @@ func TestReadmeSnippetsStandAlone(t *testing.T) {
 		}
 	}
 	snippets := fencedBlocks(string(readme), "go")
-	declared := map[string]bool{"_": true}
+	global := map[string]bool{"_": true}
 	for name := range readmeGiven {
-		declared[name] = true
-	}
-	for _, p := range readmeStdlib {
-		declared[p] = true
+		global[name] = true
 	}
 	files := make([]*ast.File, len(snippets))
+	imported := map[string]int{} // package name: the line of the snippet that imports it
 	for i, s := range snippets {
 		f, err := parseSnippet(s.text)
 		if err != nil {
@@ -175,29 +171,60 @@ func TestReadmeSnippetsStandAlone(t *testing.T) {
 		files[i] = f
 		// Imports count wherever they are shown.
 		for _, imp := range f.Imports {
-			declared[importName(imp)] = true
+			global[importName(imp)] = true
+			imported[importName(imp)] = s.line
 		}
 	}
+	used := map[string]bool{}
 	for i, f := range files {
-		for name := range declarations(f) {
-			declared[name] = true
+		line := snippets[i].line
+		for name := range topLevel(f) {
+			global[name] = true
 		}
-		for _, u := range undeclared(f, declared) {
-			t.Errorf("README.md line %d: the snippet uses %s, which no snippet up to it declares", snippets[i].line, u)
+		local := declarations(f)
+		uses := identUses(f)
+		for name := range uses {
+			used[name] = true
+			if !global[name] && !local[name] && types.Universe.Lookup(name) == nil && name != "p" {
+				t.Errorf("README.md line %d: the snippet uses %s, which no snippet up to it declares", line, name)
+			}
+		}
+		for name := range definedVars(f) {
+			if uses[name] < 2 { // its declaration is its only mention
+				t.Errorf("README.md line %d: the snippet declares %s and never uses it", line, name)
+			}
 		}
 		for _, b := range strayBranches(f) {
-			t.Errorf("README.md line %d: the snippet has a %s outside a loop", snippets[i].line, b)
+			t.Errorf("README.md line %d: the snippet has a %s outside a loop", line, b)
+		}
+		if returnsOutsideFunc(f) {
+			t.Errorf("README.md line %d: the snippet returns a value outside a function: show the function", line)
+		}
+	}
+	for name, line := range imported {
+		if !used[name] {
+			t.Errorf("README.md line %d: the import of %s is used by no snippet", line, name)
 		}
 	}
 }
 
 // parseSnippet parses a snippet as a file (declarations) or, failing that,
-// as the body of a function (statements).
+// as the body of a function _ (statements).
 func parseSnippet(text string) (*ast.File, error) {
 	if f, err := parser.ParseFile(token.NewFileSet(), "", "package p\n"+text, parser.SkipObjectResolution); err == nil {
 		return f, nil
 	}
 	return parser.ParseFile(token.NewFileSet(), "", "package p\nfunc _() {\n"+text+"\n}", parser.SkipObjectResolution)
+}
+
+// wrapped is the function parseSnippet put a statement snippet in, or nil.
+func wrapped(f *ast.File) *ast.FuncDecl {
+	for _, d := range f.Decls {
+		if fd, ok := d.(*ast.FuncDecl); ok && fd.Name.Name == "_" {
+			return fd
+		}
+	}
+	return nil
 }
 
 // importName is the name an import declares: its alias, or the last element
@@ -214,10 +241,47 @@ func importName(imp *ast.ImportSpec) string {
 	return last
 }
 
+// topLevel are the names a snippet leaves to the snippets after it: its
+// functions, types, variables and constants, and for a snippet of
+// statements the variables they declare outside any block.
+func topLevel(f *ast.File) map[string]bool {
+	names := map[string]bool{}
+	for _, d := range f.Decls {
+		switch x := d.(type) {
+		case *ast.GenDecl:
+			for _, spec := range x.Specs {
+				switch sp := spec.(type) {
+				case *ast.ValueSpec:
+					for _, id := range sp.Names {
+						names[id.Name] = true
+					}
+				case *ast.TypeSpec:
+					names[sp.Name.Name] = true
+				}
+			}
+		case *ast.FuncDecl:
+			if x.Name.Name != "_" {
+				names[x.Name.Name] = true
+				continue
+			}
+			for _, st := range x.Body.List {
+				if as, ok := st.(*ast.AssignStmt); ok && as.Tok == token.DEFINE {
+					for _, e := range as.Lhs {
+						if id, ok := e.(*ast.Ident); ok {
+							names[id.Name] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	return names
+}
+
 // declarations are the names f declares anywhere: variables, constants,
 // types, functions and their parameters.
 func declarations(f *ast.File) map[string]bool {
-	names := map[string]bool{}
+	names := definedVars(f)
 	addFields := func(fl *ast.FieldList) {
 		if fl == nil {
 			return
@@ -230,26 +294,6 @@ func declarations(f *ast.File) map[string]bool {
 	}
 	ast.Inspect(f, func(n ast.Node) bool {
 		switch x := n.(type) {
-		case *ast.AssignStmt:
-			if x.Tok == token.DEFINE {
-				for _, e := range x.Lhs {
-					if id, ok := e.(*ast.Ident); ok {
-						names[id.Name] = true
-					}
-				}
-			}
-		case *ast.RangeStmt:
-			if x.Tok == token.DEFINE {
-				for _, e := range []ast.Expr{x.Key, x.Value} {
-					if id, ok := e.(*ast.Ident); ok {
-						names[id.Name] = true
-					}
-				}
-			}
-		case *ast.ValueSpec:
-			for _, id := range x.Names {
-				names[id.Name] = true
-			}
 		case *ast.TypeSpec:
 			names[x.Name.Name] = true
 		case *ast.FuncDecl:
@@ -264,16 +308,51 @@ func declarations(f *ast.File) map[string]bool {
 	return names
 }
 
-// undeclared lists the names f uses that are not declared, in the
-// universe, or the function parseSnippet wraps statements in.
-func undeclared(f *ast.File, declared map[string]bool) []string {
-	var missing []string
-	seen := map[string]bool{}
+// definedVars are the variables f declares with := or var, which Go
+// requires to be used.
+func definedVars(f *ast.File) map[string]bool {
+	names := map[string]bool{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch x := n.(type) {
+		case *ast.AssignStmt:
+			if x.Tok == token.DEFINE {
+				for _, e := range x.Lhs {
+					if id, ok := e.(*ast.Ident); ok && id.Name != "_" {
+						names[id.Name] = true
+					}
+				}
+			}
+		case *ast.RangeStmt:
+			if x.Tok == token.DEFINE {
+				for _, e := range []ast.Expr{x.Key, x.Value} {
+					if id, ok := e.(*ast.Ident); ok && id.Name != "_" {
+						names[id.Name] = true
+					}
+				}
+			}
+		case *ast.ValueSpec:
+			for _, id := range x.Names {
+				if id.Name != "_" {
+					names[id.Name] = true
+				}
+			}
+		}
+		return true
+	})
+	return names
+}
+
+// identUses counts how often each name stands in f where a variable,
+// function, type or package could: not as a field or method after a dot,
+// a field name in a composite literal or a declaration of a parameter or
+// field. A variable's own declaration counts as one.
+func identUses(f *ast.File) map[string]int {
+	uses := map[string]int{}
 	var visit func(n ast.Node) bool
 	visit = func(n ast.Node) bool {
 		switch x := n.(type) {
 		case *ast.SelectorExpr:
-			ast.Inspect(x.X, visit) // x.Sel is a field, method or a package's name
+			ast.Inspect(x.X, visit)
 			return false
 		case *ast.KeyValueExpr:
 			if _, ok := x.Key.(*ast.Ident); !ok { // an identifier key names a field
@@ -286,23 +365,44 @@ func undeclared(f *ast.File, declared map[string]bool) []string {
 			return false
 		case *ast.BranchStmt, *ast.ImportSpec:
 			return false
+		case *ast.TypeSpec:
+			ast.Inspect(x.Type, visit)
+			return false
 		case *ast.FuncDecl:
-			if x.Name.Name == "_" {
+			ast.Inspect(x.Type, visit)
+			if x.Body != nil {
 				ast.Inspect(x.Body, visit)
-				return false
 			}
+			return false
 		case *ast.Ident:
-			if !declared[x.Name] && types.Universe.Lookup(x.Name) == nil && !seen[x.Name] && x.Name != "p" {
-				seen[x.Name] = true
-				missing = append(missing, x.Name)
-			}
+			uses[x.Name]++
 		}
 		return true
 	}
 	for _, d := range f.Decls {
 		ast.Inspect(d, visit)
 	}
-	return missing
+	return uses
+}
+
+// returnsOutsideFunc reports whether a snippet of statements returns a
+// value from the function it does not show.
+func returnsOutsideFunc(f *ast.File) bool {
+	fd := wrapped(f)
+	if fd == nil {
+		return false
+	}
+	found := false
+	ast.Inspect(fd.Body, func(n ast.Node) bool {
+		switch x := n.(type) {
+		case *ast.FuncLit:
+			return false // its returns are its own
+		case *ast.ReturnStmt:
+			found = found || len(x.Results) > 0
+		}
+		return true
+	})
+	return found
 }
 
 // strayBranches lists the continue and break statements of f that no loop,

@@ -120,15 +120,6 @@ func ExampleMiddleware() {
 	// 201 sign-up 1 replayed: true
 }
 
-// order posts an order to url, retrying a lost answer or a 503 with the
-// same key.
-func order(url string) (*http.Response, error) {
-	client := &http.Client{Transport: &idemhttp.Transport{
-		NewKey: func() string { return "key-1" }, // random by default
-	}}
-	return client.Post(url, "text/plain", strings.NewReader("order"))
-}
-
 // The client Transport adds one key to a POST and retries it with the same
 // key: a lost answer or a 503 costs the server nothing but a replay.
 func ExampleTransport() {
@@ -143,7 +134,10 @@ func ExampleTransport() {
 	}))
 	defer srv.Close()
 
-	resp, err := order(srv.URL)
+	client := &http.Client{Transport: &idemhttp.Transport{
+		NewKey: func() string { return "key-1" }, // random by default
+	}}
+	resp, err := client.Post(srv.URL, "text/plain", strings.NewReader("order"))
 	if err != nil {
 		panic(err)
 	}
