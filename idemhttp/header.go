@@ -79,9 +79,9 @@ func describe(c byte) string {
 	case c == '\t':
 		return "a tab"
 	case c >= 0x80:
-		return fmt.Sprintf("a non-ASCII byte (0x%02x)", c)
+		return "a byte outside ASCII"
 	default:
-		return fmt.Sprintf("a control character (0x%02x)", c)
+		return "a control character"
 	}
 }
 
@@ -100,7 +100,7 @@ func parseValue(v string) (string, error) {
 			case c == '\\':
 				i++
 				if i == len(v) || (v[i] != '"' && v[i] != '\\') {
-					return "", badKey(`In a quoted key a backslash may only escape a quote (\") or a backslash (\\); byte %d escapes another.`, i)
+					return "", badKey(`In a quoted key a backslash may only escape a quote (\") or a backslash (\\); the backslash at position %d of the header's value escapes another character.`, i)
 				}
 				b.WriteByte(v[i])
 			case c == '"':
@@ -113,7 +113,7 @@ func parseValue(v string) (string, error) {
 				key = b.String()
 				goto done
 			case c < 0x20 || c > 0x7e:
-				return "", badKey("The key contains %s at byte %d: a key is printable ASCII.", describe(c), i)
+				return "", badKey("The key contains %s at position %d of the header's value: a key is printable ASCII.", describe(c), i+1)
 			default:
 				b.WriteByte(c)
 			}
@@ -126,11 +126,11 @@ func parseValue(v string) (string, error) {
 			case c == ',':
 				return "", errList
 			case c == '"' || c == '\\':
-				return "", badKey(`The key has a quote or a backslash at byte %d: send such a key as a quoted string, with \" and \\ for them.`, i)
+				return "", badKey(`The key has a quote or a backslash at position %d of the header's value: send such a key as a quoted string, with \" and \\ for them.`, i+1)
 			case c == ' ' || c == '\t':
-				return "", badKey("The key contains %s at byte %d: send a key with spaces as a quoted string, such as \"a b\".", describe(c), i)
+				return "", badKey("The key contains %s at position %d of the header's value: send a key with spaces as a quoted string, such as \"a b\".", describe(c), i+1)
 			case c < 0x21 || c > 0x7e:
-				return "", badKey("The key contains %s at byte %d: a key is printable ASCII.", describe(c), i)
+				return "", badKey("The key contains %s at position %d of the header's value: a key is printable ASCII.", describe(c), i+1)
 			}
 		}
 		key = v

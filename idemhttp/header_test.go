@@ -113,3 +113,12 @@ func TestKeyErrorDetailHidesTheKey(t *testing.T) {
 		}
 	}
 }
+
+// A detail names no byte of the key, not even the one refused.
+func TestKeyErrorDetailNamesNoByte(t *testing.T) {
+	_, err := ParseKey(http.Header{HeaderName: {"k\xff"}})
+	var ke *KeyError
+	if !errors.As(err, &ke) || strings.Contains(ke.Detail, "ff") || !strings.Contains(ke.Detail, "position 2") {
+		t.Fatalf("detail %v", err)
+	}
+}
