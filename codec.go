@@ -23,11 +23,14 @@ import (
 // and Result.Value differ in: a time.Time keeps its instant and offset but
 // not its Location (a time in Europe/Paris comes back with a fixed +01:00
 // offset, or in time.Local when Local has that offset then) nor its
-// monotonic reading; a number in an interface field
-// comes back as a float64; unexported fields are dropped; a custom
-// MarshalJSON is read back by the matching UnmarshalJSON; and invalid UTF-8
-// in strings becomes U+FFFD (return binary data as []byte). A nil slice or
-// map stays nil and an empty one empty.
+// monotonic reading; a value in an interface field (any) comes back as
+// JSON's own type: a number as a float64, a struct or map as a
+// map[string]any, a slice as a []any; unexported fields and fields tagged
+// json:"-" are dropped; a custom MarshalJSON is read back by the matching
+// UnmarshalJSON; and invalid UTF-8 in strings becomes U+FFFD (return binary
+// data as []byte). A nil slice or map stays nil and an empty one empty. A
+// value JSON cannot encode (a NaN or infinite float, a channel, a function)
+// fails the call, which rolls back as if fn had failed.
 type Codec interface {
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error

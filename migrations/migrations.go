@@ -26,6 +26,15 @@
 // table therefore queue on a wait that their ctx ends, and never contend for
 // golang-migrate's own advisory lock, whose wait ignores ctx. A migration
 // lock held elsewhere shows in pg_locks as an advisory lock with that key.
+//
+// # Connections
+//
+// Every call opens connections of its own with db's configuration (the
+// pool's, or the connection's, with its BeforeConnect and AfterConnect) and
+// closes them before it returns: it never takes one of db's connections nor
+// closes db. So it works on a pool or connection the application has
+// already closed, as it would on an open one. A nil db (also a typed nil)
+// is an idem.ErrInvalidOption.
 package migrations
 
 import (
