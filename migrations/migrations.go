@@ -29,8 +29,8 @@
 //
 // # Connections
 //
-// Every call opens connections of its own with db's configuration (the
-// pool's, or the connection's, with its BeforeConnect and AfterConnect) and
+// Every call opens connections of its own with db's configuration (a
+// pool's with its BeforeConnect and AfterConnect, or a connection's) and
 // closes them before it returns: it never takes one of db's connections nor
 // closes db. So it works on a pool or connection the application has
 // already closed, as it would on an open one. A nil db (also a typed nil)

@@ -486,7 +486,11 @@ func runInspect(ctx context.Context, args []string, out, _ io.Writer, getenv env
 	if r.RecoveryPoint != "" {
 		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
 	}
-	writeStored(tw, "response", r.Response)
+	label := "response"
+	if r.Status == idem.StatusFailed {
+		label = "error" // a Permanent failure's recorded message
+	}
+	writeStored(tw, label, r.Response)
 	return tw.Flush()
 }
 

@@ -19,13 +19,15 @@ import (
 	"github.com/idemkit/idem/idemhttp"
 )
 
-// What a record stores (a finished record's response, a lease's checkpoint
-// data) is shown in one of three forms, its format: JSON as it is; a
-// response that idemhttp's middleware recorded, decoded into its status,
-// headers and body; other bytes as their size and a hex preview.
+// What a record stores (a finished record's response, a failed one's error
+// message, a lease's checkpoint data) is shown in one of four forms, its
+// format: JSON as it is; a response that idemhttp's middleware recorded,
+// decoded into its status, headers and body; other text as it is; other
+// bytes as their size and a hex preview.
 const (
 	formatJSON     = "json"
 	formatIdemHTTP = "idemhttp"
+	formatText     = "text"
 	formatBytes    = "base64" // in --json, the bytes are base64
 )
 
@@ -42,6 +44,9 @@ func formatOf(b []byte) (string, *idemhttp.RecordedResponse) {
 	}
 	if resp, err := idemhttp.DecodeRecordedResponse(b); err == nil {
 		return formatIdemHTTP, resp
+	}
+	if isText(b) {
+		return formatText, nil
 	}
 	return formatBytes, nil
 }
@@ -72,14 +77,14 @@ func summary(b []byte) string {
 	return describe(b)
 }
 
-// describe renders stored bytes: JSON of at most maxShown bytes as it is,
-// other bytes as their size and a hex preview.
+// describe renders stored bytes: text (JSON among it) as describeBody
+// does, other bytes as their size and a hex preview.
 func describe(b []byte) string {
 	switch {
 	case b == nil:
 		return "(none)"
-	case json.Valid(b) && len(b) <= maxShown:
-		return string(b)
+	case isText(b):
+		return describeBody(b)
 	default:
 		return count(len(b), "byte") + ": " + hexPreview(b)
 	}
@@ -209,6 +214,8 @@ func jsonRecord(r *idem.Record) recordJSON {
 			stored = json.RawMessage(r.Response)
 		case formatIdemHTTP:
 			stored = newHTTPJSON(resp)
+		case formatText:
+			stored = string(r.Response)
 		default:
 			stored = r.Response // []byte marshals as base64
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -170,10 +171,38 @@ func TestFormatOf(t *testing.T) {
 		"\x01\x00\xc9\x00": formatIdemHTTP,
 		"\x01\x00\x09\x00": formatBytes, // status 9
 		"\x01\x00":         formatBytes,
-		"gob or anything":  formatBytes,
+		"gob or anything":  formatText,
+		"\x00\xffbinary":   formatBytes,
 	} {
 		got, _ := formatOf([]byte(b))
 		require.Equal(t, want, got, "%q", b)
 	}
 	require.Equal(t, "1 byte: 01", describe([]byte{1}))
+}
+
+// A failed record's message (a Permanent error) is shown as its text,
+// under "error", in inspect and stuck alike.
+func TestInspectShowsAFailure(t *testing.T) {
+	pool, s := migrated(t)
+	ctx := context.Background()
+	key := idem.Key{Scope: "customer-42", ID: "pay-9"}
+	_, err := idem.Do(ctx, pool, key, func(context.Context, pgx.Tx) (string, error) {
+		return "", idem.Permanent(errors.New("card declined"))
+	}, idem.WithTable(s, idem.DefaultTable))
+	require.True(t, idem.IsPermanent(err), "%v", err)
+
+	code, out, errOut := cli(t, "inspect", "--schema", s, "--scope", "customer-42", "--key", "pay-9")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^status +failed$`, out)
+	require.Regexp(t, `(?m)^error +card declined$`, out)
+
+	code, out, errOut = cli(t, "inspect", "--schema", s, "--scope", "customer-42", "--key", "pay-9", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var rec struct {
+		Format   string `json:"format"`
+		Response string `json:"response"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rec))
+	require.Equal(t, "text", rec.Format)
+	require.Equal(t, "card declined", rec.Response)
 }
