@@ -330,7 +330,7 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	var inboxRetention duration
 	fs.Var(&inboxRetention, "inbox-retention", "also delete inbox rows consumed longer ago than `D` (7d, 36h, 90m); 0 leaves the inbox alone")
 	rate := fs.Int("rows-per-second", 0, "pace the purge to at most `N` rows per second, leaving room for live traffic; 0 runs flat out")
-	progress := fs.String("progress", "auto", "show a progress bar on stderr: `auto|always|never`; auto shows it when stderr is a terminal")
+	progress := fs.String("progress", "auto", "show a progress bar on stderr: `WHEN` is auto (when stderr is a terminal), always or never")
 	pos, err := parse(fs, args, out, "idem purge [--dry-run] [flags]")
 	if err != nil {
 		return err
@@ -339,8 +339,13 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if len(pos) > 0 {
 		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
 	}
-	if *batch < 0 || inbox < 0 || *rate < 0 {
-		return usageError{"--batch-size, --inbox-retention and --rows-per-second must not be negative"}
+	for _, f := range []struct {
+		name     string
+		negative bool
+	}{{"--batch-size", *batch < 0}, {"--inbox-retention", inbox < 0}, {"--rows-per-second", *rate < 0}} {
+		if f.negative {
+			return usageError{f.name + " must not be negative"}
+		}
 	}
 	if !slices.Contains([]string{"auto", "always", "never"}, *progress) {
 		return usageError{"--progress must be auto, always or never"}

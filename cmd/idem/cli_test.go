@@ -535,6 +535,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"stats", "--json=maybe"}, `idem stats: invalid value "maybe" for --json: want true or false (see idem stats --help)` + "\n"},
 		{[]string{"stuck", "--limit"}, "idem stuck: --limit needs a value (see idem stuck --help)\n"},
 		{[]string{"migrate", "up", "---schema", "x"}, "idem migrate: unknown flag ---schema (see idem migrate --help)\n"},
+		{[]string{"purge", "--inbox-retention", "-1d"}, "idem purge: --inbox-retention must not be negative (see idem purge --help)\n"},
+		{[]string{"purge", "--batch-size", "-1", "--rows-per-second", "-2"}, "idem purge: --batch-size must not be negative (see idem purge --help)\n"},
 	} {
 		code, out, errOut := cli(t, tt.args...)
 		require.Equal(t, exitUsage, code, tt.args)
