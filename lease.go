@@ -226,11 +226,8 @@ func (l *Lease[T]) usable(db DBTX) error {
 }
 
 // guarded runs one of the lease's guarded statements and turns "no row" into
-// ErrLeaseLost.
+// ErrLeaseLost. Its callers have checked usable.
 func (l *Lease[T]) guarded(ctx context.Context, db DBTX, op, sql string, args ...any) error {
-	if err := l.usable(db); err != nil {
-		return err
-	}
 	tag, err := db.Exec(ctx, sql, append([]any{l.key.Scope, l.key.ID, l.attempt}, args...)...)
 	if err != nil {
 		return closedHandle(op, err)
