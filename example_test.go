@@ -42,23 +42,7 @@ func ExampleDo() {
 	pool := examplePool("do")
 	defer pool.Close()
 
-	type receipt struct {
-		SignupID int64  `json:"signup_id"`
-		Message  string `json:"message"`
-	}
-	key := idem.Key{Scope: "user:42", ID: "form-0b1d2e"} // the user, and the key the form made when it opened
-
-	for range 3 { // a double click, then a retry after a timeout
-		res, err := idem.Do(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
-			var id int64
-			err := tx.QueryRow(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 8) RETURNING id`).Scan(&id)
-			return receipt{SignupID: id, Message: "you are in"}, err // recorded in the same COMMIT
-		})
-		if err != nil {
-			panic(err)
-		}
-		fmt.Printf("%+v replayed=%v\n", res.Value, res.Replayed) // the same receipt every time
-	}
+	submit(ctx, pool)
 	// Output:
 	// {SignupID:1 Message:you are in} replayed=false
 	// {SignupID:1 Message:you are in} replayed=true
@@ -145,18 +129,8 @@ func ExampleConsumeOnce() {
 	defer pool.Close()
 
 	for range 2 { // the broker delivers message m-1 twice
-		tx, err := pool.Begin(ctx)
+		ran, err := consume(ctx, pool)
 		if err != nil {
-			panic(err)
-		}
-		ran, err := idem.ConsumeOnce(ctx, tx, "signup-events", "m-1", func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (42, 9)`)
-			return err
-		})
-		if err != nil {
-			panic(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
 			panic(err)
 		}
 		fmt.Println("processed:", ran)

@@ -17,18 +17,28 @@ import (
 // built by the test run, so a snippet found in one of them compiles.
 var snippetSources = []string{"example*_test.go", "*/example*_test.go", "examples/*/main.go"}
 
-// TestReadmeSnippets fails when a Go snippet of README.md is not, line for
-// line (indentation aside), a run of lines of one of the snippetSources: an
-// API change that breaks a snippet breaks its source's build, and a snippet
-// edited away from its source fails here.
+// snippetDocs are the documents whose Go snippets the tests below check,
+// each on its own: a reader pastes from one of them.
+var snippetDocs = []string{"README.md", "docs/guide.md"}
+
+// TestReadmeSnippets fails when a Go snippet of a snippetDoc is not, line
+// for line (indentation aside), a run of lines of one of the
+// snippetSources: an API change that breaks a snippet breaks its source's
+// build, and a snippet edited away from its source fails here.
 func TestReadmeSnippets(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	for _, doc := range snippetDocs {
+		t.Run(doc, func(t *testing.T) { checkSnippetSources(t, doc) })
+	}
+}
+
+func checkSnippetSources(t *testing.T, doc string) {
+	readme, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	snippets := fencedBlocks(string(readme), "go")
 	if len(snippets) == 0 {
-		t.Fatal("README.md has no Go snippet")
+		t.Fatalf("%s has no Go snippet", doc)
 	}
 	sources := map[string][]string{}
 	for _, pattern := range snippetSources {
@@ -57,8 +67,8 @@ func TestReadmeSnippets(t *testing.T) {
 			}
 		}
 		if found == "" {
-			t.Errorf("README.md line %d: this snippet is in no example (%s); copy it from one that compiles:\n%s",
-				s.line, strings.Join(snippetSources, ", "), s.text)
+			t.Errorf("%s line %d: this snippet is in no example (%s); copy it from one that compiles:\n%s",
+				doc, s.line, strings.Join(snippetSources, ", "), s.text)
 		}
 	}
 }
@@ -132,14 +142,14 @@ func containsRun(lines, want []string) bool {
 	return false
 }
 
-// readmeGiven are the names the README gives every snippet in words, with
-// the sentence that gives them.
+// readmeGiven are the names each snippetDoc gives every snippet in words,
+// with the words that give them (spaces and line breaks aside).
 var readmeGiven = map[string]string{
 	"ctx":  "`ctx` is a `context.Context`",
-	"pool": "`pool` a\n`*pgxpool.Pool`",
+	"pool": "`pool` a `*pgxpool.Pool`",
 }
 
-// TestReadmeSnippetsStandAlone fails when a Go snippet of README.md would
+// TestReadmeSnippetsStandAlone fails when a Go snippet of a snippetDoc would
 // not compile where a reader pastes it: it uses a name that neither it nor
 // a snippet before it declares at its top level (nor the README's text
 // gives, readmeGiven), a package whose import the README does not show; it
@@ -147,13 +157,20 @@ var readmeGiven = map[string]string{
 // or it has a continue or break outside a loop. The imports shown must all
 // be used by some snippet.
 func TestReadmeSnippetsStandAlone(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	for _, doc := range snippetDocs {
+		t.Run(doc, func(t *testing.T) { checkSnippetsStandAlone(t, doc) })
+	}
+}
+
+func checkSnippetsStandAlone(t *testing.T, doc string) {
+	readme, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
+	words := strings.Join(strings.Fields(string(readme)), " ")
 	for name, sentence := range readmeGiven {
-		if !strings.Contains(string(readme), sentence) {
-			t.Errorf("README.md no longer says %q, which gives the snippets %s", sentence, name)
+		if !strings.Contains(words, sentence) {
+			t.Errorf("%s no longer says %q, which gives the snippets %s", doc, sentence, name)
 		}
 	}
 	snippets := fencedBlocks(string(readme), "go")
@@ -166,7 +183,7 @@ func TestReadmeSnippetsStandAlone(t *testing.T) {
 	for i, s := range snippets {
 		f, err := parseSnippet(s.text)
 		if err != nil {
-			t.Fatalf("README.md line %d: the snippet does not parse as Go: %v", s.line, err)
+			t.Fatalf("%s line %d: the snippet does not parse as Go: %v", doc, s.line, err)
 		}
 		files[i] = f
 		// Imports count wherever they are shown.
@@ -186,24 +203,24 @@ func TestReadmeSnippetsStandAlone(t *testing.T) {
 		for name := range uses {
 			used[name] = true
 			if !global[name] && !local[name] && types.Universe.Lookup(name) == nil && name != "p" {
-				t.Errorf("README.md line %d: the snippet uses %s, which no snippet up to it declares", line, name)
+				t.Errorf("%s line %d: the snippet uses %s, which no snippet up to it declares", doc, line, name)
 			}
 		}
 		for name := range definedVars(f) {
 			if uses[name] < 2 { // its declaration is its only mention
-				t.Errorf("README.md line %d: the snippet declares %s and never uses it", line, name)
+				t.Errorf("%s line %d: the snippet declares %s and never uses it", doc, line, name)
 			}
 		}
 		for _, b := range strayBranches(f) {
-			t.Errorf("README.md line %d: the snippet has a %s outside a loop", line, b)
+			t.Errorf("%s line %d: the snippet has a %s outside a loop", doc, line, b)
 		}
 		if returnsOutsideFunc(f) {
-			t.Errorf("README.md line %d: the snippet returns a value outside a function: show the function", line)
+			t.Errorf("%s line %d: the snippet returns a value outside a function: show the function", doc, line)
 		}
 	}
 	for name, line := range imported {
 		if !used[name] {
-			t.Errorf("README.md line %d: the import of %s is used by no snippet", line, name)
+			t.Errorf("%s line %d: the import of %s is used by no snippet", doc, line, name)
 		}
 	}
 }
