@@ -1,6 +1,8 @@
 package idem
 
 import (
+	"github.com/idemkit/idem/internal/protocol"
+
 	"encoding/json"
 	"errors"
 	"strings"
@@ -15,24 +17,24 @@ import (
 func TestEncodeValueDefaults(t *testing.T) {
 	t.Parallel()
 
-	data, err := encodeValue[[]byte](nil, nil)
+	data, err := protocol.EncodeValue[[]byte](nil, nil)
 	require.NoError(t, err)
 	require.NotNil(t, data)
 	require.Empty(t, data)
 
-	data, err = encodeValue[[]byte](nil, []byte{0xff, 0})
+	data, err = protocol.EncodeValue[[]byte](nil, []byte{0xff, 0})
 	require.NoError(t, err)
 	require.Equal(t, []byte{0xff, 0}, data)
 
-	data, err = encodeValue(nil, json.RawMessage(`{"a": 1}`))
+	data, err = protocol.EncodeValue(nil, json.RawMessage(`{"a": 1}`))
 	require.NoError(t, err)
 	require.Equal(t, `{"a": 1}`, string(data)) // not re-encoded
 
-	data, err = encodeValue(nil, struct{ A int }{1})
+	data, err = protocol.EncodeValue(nil, struct{ A int }{1})
 	require.NoError(t, err)
 	require.Equal(t, `{"A":1}`, string(data))
 
-	data, err = encodeValue(nil, "")
+	data, err = protocol.EncodeValue(nil, "")
 	require.NoError(t, err)
 	require.Equal(t, `""`, string(data))
 }
@@ -66,21 +68,21 @@ func TestCustomCodec(t *testing.T) {
 	t.Parallel()
 
 	c := &stubCodec{}
-	data, err := encodeValue[[]byte](c, []byte("raw"))
+	data, err := protocol.EncodeValue[[]byte](c, []byte("raw"))
 	require.NoError(t, err)
 	require.Equal(t, "stub", string(data))
 	require.Equal(t, []any{[]byte("raw")}, c.seen)
 
-	s, err := decodeValue[string](c, []byte("stored"))
+	s, err := protocol.DecodeValue[string](c, []byte("stored"))
 	require.NoError(t, err)
 	require.Equal(t, "stored", s)
 
 	boom := errors.New("boom")
 	c = &stubCodec{err: boom}
-	_, err = encodeValue(c, 42)
+	_, err = protocol.EncodeValue(c, 42)
 	require.ErrorIs(t, err, boom)
 	require.ErrorContains(t, err, "encoding the result (int)")
-	_, err = decodeValue[string](c, []byte("x"))
+	_, err = protocol.DecodeValue[string](c, []byte("x"))
 	require.ErrorIs(t, err, boom)
 	require.ErrorContains(t, err, "decoding the recorded result into string")
 }
@@ -89,22 +91,22 @@ func TestDecodeValue(t *testing.T) {
 	t.Parallel()
 
 	stored := []byte("abc")
-	b, err := decodeValue[[]byte](nil, stored)
+	b, err := protocol.DecodeValue[[]byte](nil, stored)
 	require.NoError(t, err)
 	require.Equal(t, stored, b)
 	b[0] = 'X'
 	require.Equal(t, "abc", string(stored), "the decoded bytes must not alias the stored ones")
 
-	raw, err := decodeValue[json.RawMessage](nil, []byte(`[1]`))
+	raw, err := protocol.DecodeValue[json.RawMessage](nil, []byte(`[1]`))
 	require.NoError(t, err)
 	require.Equal(t, json.RawMessage(`[1]`), raw)
 
 	type receipt struct{ ID int }
-	r, err := decodeValue[receipt](nil, []byte(`{"ID":7}`))
+	r, err := protocol.DecodeValue[receipt](nil, []byte(`{"ID":7}`))
 	require.NoError(t, err)
 	require.Equal(t, receipt{7}, r)
 
-	_, err = decodeValue[receipt](nil, []byte(`not json`))
+	_, err = protocol.DecodeValue[receipt](nil, []byte(`not json`))
 	require.ErrorContains(t, err, "decoding the recorded result into idem.receipt")
 }
 
@@ -115,15 +117,15 @@ func TestEncodeResultLimit(t *testing.T) {
 
 	cfg, err := newConfig([]Option{WithMaxResultSize(4)})
 	require.NoError(t, err)
-	data, err := encodeResult(&cfg, []byte("1234"))
+	data, err := protocol.EncodeResult(&cfg, []byte("1234"))
 	require.NoError(t, err)
 	require.Equal(t, "1234", string(data))
 
-	_, err = encodeResult(&cfg, []byte("12345"))
+	_, err = protocol.EncodeResult(&cfg, []byte("12345"))
 	require.ErrorIs(t, err, ErrResultTooLarge)
 	require.ErrorContains(t, err, "5 bytes, over the limit of 4")
 
-	_, err = encodeResult(&cfg, "1234") // JSON: 6 bytes with its quotes
+	_, err = protocol.EncodeResult(&cfg, "1234") // JSON: 6 bytes with its quotes
 	require.ErrorIs(t, err, ErrResultTooLarge)
 }
 
@@ -134,16 +136,16 @@ func TestFailureMessageIsCut(t *testing.T) {
 
 	cfg, err := newConfig([]Option{WithMaxResultSize(5)})
 	require.NoError(t, err)
-	require.Equal(t, "short", string(failureMessage(&cfg, errors.New("short"))))
-	require.Equal(t, "too l", string(failureMessage(&cfg, errors.New("too long"))))
+	require.Equal(t, "short", string(protocol.FailureMessage(&cfg, errors.New("short"))))
+	require.Equal(t, "too l", string(protocol.FailureMessage(&cfg, errors.New("too long"))))
 	// "a€€" cut at 5 bytes ends inside the second € (3 bytes each).
-	require.Equal(t, "a€", string(failureMessage(&cfg, errors.New("a€€"))))
-	require.Equal(t, "abcd", string(failureMessage(&cfg, errors.New("abcd€"))))
+	require.Equal(t, "a€", string(protocol.FailureMessage(&cfg, errors.New("a€€"))))
+	require.Equal(t, "abcd", string(protocol.FailureMessage(&cfg, errors.New("abcd€"))))
 
 	cfg, err = newConfig([]Option(nil))
 	require.NoError(t, err)
 	long := strings.Repeat("x", DefaultMaxResultSize+1)
-	require.Len(t, failureMessage(&cfg, errors.New(long)), DefaultMaxResultSize)
+	require.Len(t, protocol.FailureMessage(&cfg, errors.New(long)), DefaultMaxResultSize)
 }
 
 // benchReceipt is a typical result: an id, a time, an amount and a message.
@@ -160,13 +162,13 @@ func BenchmarkEncodeResult(b *testing.B) {
 	cfg, _ := newConfig[Option](nil)
 	b.Run("int64", func(b *testing.B) {
 		for b.Loop() {
-			_, _ = encodeResult(&cfg, int64(123456))
+			_, _ = protocol.EncodeResult(&cfg, int64(123456))
 		}
 	})
 	b.Run("receipt", func(b *testing.B) {
 		v := benchReceipt{ID: 123456, At: time.Now(), Amount: 1999, Message: "you are in"}
 		for b.Loop() {
-			_, _ = encodeResult(&cfg, v)
+			_, _ = protocol.EncodeResult(&cfg, v)
 		}
 	})
 }
@@ -175,13 +177,13 @@ func BenchmarkRecordResult(b *testing.B) {
 	cfg, _ := newConfig[Option](nil)
 	b.Run("int64", func(b *testing.B) {
 		for b.Loop() {
-			_, _, _ = recordResult(&cfg, int64(123456))
+			_, _, _ = protocol.RecordResult(&cfg, int64(123456))
 		}
 	})
 	b.Run("receipt", func(b *testing.B) {
 		v := benchReceipt{ID: 123456, At: time.Now(), Amount: 1999, Message: "you are in"}
 		for b.Loop() {
-			_, _, _ = recordResult(&cfg, v)
+			_, _, _ = protocol.RecordResult(&cfg, v)
 		}
 	})
 }

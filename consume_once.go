@@ -9,39 +9,16 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/internal/handle"
-	"github.com/idemkit/idem/internal/ident"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // DefaultInboxTable is the consume-once table's name unless WithInboxTable
 // says otherwise. migrations.Up creates it.
-const DefaultInboxTable = "idem_inbox"
+const DefaultInboxTable = protocol.DefaultInboxTable
 
 // spInbox is ConsumeOnce's savepoint.
 const spInbox = "idem_inbox"
 
-// inboxQueries are the statements for one inbox table.
-type inboxQueries struct {
-	table  string // sanitized, schema-qualified
-	insert string
-	purge  string
-}
-
-func buildInboxQueries(t string) *inboxQueries {
-	return &inboxQueries{
-		table: t,
-		insert: `INSERT INTO ` + t + ` (consumer, message_id) VALUES ($1, $2)
-	ON CONFLICT (consumer, message_id) DO NOTHING RETURNING true`,
-		// purge checks the age again in the DELETE, as the record purge
-		// does: in a partitioned table one ctid names a row in every
-		// partition.
-		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM ` + t + ` WHERE consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
-	LIMIT $2 FOR UPDATE SKIP LOCKED))
-	AND consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'`,
-	}
-}
-
-var defaultInboxQueries = buildInboxQueries(ident.Qualified("", DefaultInboxTable))
 
 // ConsumeOnce runs fn for a message at most once per consumer, inside the
 // caller's transaction tx, and reports whether fn ran.
@@ -74,11 +51,11 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 	if err != nil {
 		return false, err
 	}
-	defer cfg.explainMissingTable(&err)
+	defer cfg.ExplainMissingTable(&err)
 	inserted := false
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT " + spInbox)
-	b.Queue(cfg.inbox.insert, consumer, messageID).QueryRow(func(r pgx.Row) error {
+	b.Queue(cfg.Inbox.Insert, consumer, messageID).QueryRow(func(r pgx.Row) error {
 		err := r.Scan(&inserted)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -96,12 +73,12 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 	}
 
 	g := newGuard(tx)
-	_, fnErr, panicked := callFn(ctx, g, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+	_, fnErr, panicked := protocol.CallFn[pgx.Tx](ctx, g, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 		return struct{}{}, fn(ctx, tx)
 	})
 	g.close()
 	if panicked != nil || fnErr != nil {
-		cctx, cancel := cleanupContext(ctx)
+		cctx, cancel := protocol.CleanupContext(ctx)
 		rerr := rollbackTo(cctx, tx, spInbox)
 		cancel()
 		if panicked != nil {
@@ -124,7 +101,7 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 func purgeInbox(ctx context.Context, db DBTX, cfg *config, olderThan time.Duration, batchSize int, pace *pacer, onBatch func(int64)) (int64, error) {
 	var total int64
 	for {
-		tag, err := db.Exec(ctx, cfg.inbox.purge, olderThan.Microseconds(), batchSize)
+		tag, err := db.Exec(ctx, cfg.Inbox.Purge, olderThan.Microseconds(), batchSize)
 		if err != nil {
 			return total, err
 		}

@@ -1,9 +1,7 @@
 package idem
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -13,7 +11,7 @@ import (
 
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/handle"
-	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // Do runs fn at most once per key in a transaction of its own: it begins a
@@ -53,63 +51,56 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 	if err != nil {
 		return zero, err
 	}
-	defer cfg.explainMissingTable(&err)
-	start := time.Now()
-	var failure error // a Permanent error from an earlier attempt, to record
-	_, isTx := db.(pgx.Tx)
-	for attempt := 1; ; attempt++ {
-		res, err := doOnce(ctx, db, key, fn, &cfg, &failure, start)
-		err = holdError(&cfg, err)
-		if err == nil || !IsRetryable(err) || attempt >= cfg.retry.MaxAttempts || isTx {
-			// Inside an enclosing transaction (db is a pgx.Tx) a retry
-			// would meet the same snapshot: that transaction must retry.
-			return res, withContextErr(ctx, err)
-		}
-		if err := backoff.Sleep(ctx, cfg.retry.backoff(attempt)); err != nil {
-			return zero, err
-		}
-	}
-}
-
-// doOnce makes one attempt and reports its event once the attempt has
-// committed (or failed).
-func doOnce[T any](ctx context.Context, db TxBeginner, key Key,
-	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error, start time.Time) (Result[T], error) {
+	defer cfg.ExplainMissingTable(&err)
+	txOpts, _ := cfg.TxOptions.(pgx.TxOptions)
+	var conns protocol.Beginner[pgx.Tx]
 	switch d := db.(type) {
 	case *pgxpool.Pool:
-		pc, err := d.Acquire(ctx)
-		if err != nil {
-			return Result[T]{}, closedHandle("Do", err)
-		}
-		defer pc.Release()
-		res, err := doOnConn(ctx, pc.Conn(), key, fn, cfg, failure)
-		cfg.report(ctx, "Do", key, start, res.Replayed, err)
-		return res, err
+		conns = pgxPool{pool: d, opts: txOpts}
 	case *pgx.Conn:
-		res, err := doOnConn(ctx, d, key, fn, cfg, failure)
-		cfg.report(ctx, "Do", key, start, res.Replayed, err)
-		return res, err
+		conns = pgxOneConn{conn: d, opts: txOpts}
 	default:
-		// Reported after the commit, like the branches above: an
-		// execution whose COMMIT fails is no execution.
-		res, err := doOnTx(ctx, db, key, fn, cfg)
-		cfg.report(ctx, "Do", key, start, res.Replayed, err)
-		return res, err
+		return doOnTx(ctx, db, key, fn, &cfg)
 	}
+	v, replayed, err := protocol.Do(ctx, pgxErrors{}, conns, protocol.Key(key), protocol.Fn[pgx.Tx, T](fn), &cfg)
+	return Result[T]{Value: v, Replayed: replayed}, err
 }
 
 // doOnTx is Do for a TxBeginner that is neither a pool nor a connection: a
-// plain transaction around WithIdempotency.
+// plain transaction around WithIdempotency, retried like Do's own unless db
+// is a pgx.Tx: inside an enclosing transaction a retry would meet the same
+// snapshot, so that transaction's owner must retry.
 func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
+	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config) (Result[T], error) {
+	start := time.Now()
+	_, isTx := db.(pgx.Tx)
+	for attempt := 1; ; attempt++ {
+		res, err := doOnTxOnce(ctx, db, key, fn, cfg)
+		// Reported after the commit: an execution whose COMMIT fails is
+		// no execution.
+		report(cfg, ctx, "Do", key, start, res.Replayed, err)
+		err = cfg.HoldError(err)
+		if err == nil || !IsRetryable(err) || attempt >= cfg.Retry.MaxAttempts || isTx {
+			return res, protocol.WithContextErr(ctx, err)
+		}
+		if err := backoff.Sleep(ctx, cfg.Retry.Backoff(attempt)); err != nil {
+			return Result[T]{}, err
+		}
+	}
+}
+
+// doOnTxOnce is one attempt of doOnTx.
+func doOnTxOnce[T any](ctx context.Context, db TxBeginner, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config) (Result[T], error) {
 	var zero Result[T]
 	var tx pgx.Tx
 	var err error
+	txOpts, _ := cfg.TxOptions.(pgx.TxOptions)
 	if b, ok := db.(interface {
 		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
 	}); ok {
-		tx, err = b.BeginTx(ctx, cfg.txOptions)
-	} else if cfg.txOptions != (pgx.TxOptions{}) {
+		tx, err = b.BeginTx(ctx, txOpts)
+	} else if txOpts != (pgx.TxOptions{}) {
 		return zero, fmt.Errorf("%w: WithTxOptions needs a db with BeginTx, not %T", ErrInvalidOption, db)
 	} else {
 		tx, err = db.Begin(ctx)
@@ -118,7 +109,8 @@ func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
 		return zero, closedHandle("Do", err)
 	}
 	defer rollback(ctx, tx) //nolint:errcheck // a no-op after Commit
-	res, err := withIdempotency(ctx, tx, key, fn, cfg)
+	v, replayed, err := protocol.InTx(ctx, pgxErrors{}, pgxTx{tx: tx}, protocol.Key(key), protocol.Fn[pgx.Tx, T](fn), cfg)
+	res := Result[T]{Value: v, Replayed: replayed}
 	if err != nil && !(IsPermanent(err) && !res.Replayed) {
 		return res, err
 	}
@@ -129,80 +121,4 @@ func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
 		return Result[T]{}, commitError(cerr)
 	}
 	return res, err
-}
-
-// doOnConn is Do on one connection, with BEGIN and COMMIT pipelined.
-func doOnConn[T any](ctx context.Context, conn *pgx.Conn, key Key,
-	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config, failure *error) (res Result[T], err error) {
-	c := &ownTx{conn: conn, q: cfg.q, key: key, opts: cfg.txOptions, hold: cfg.holdTimeout}
-	rec, err := claimKey(ctx, c, key, cfg)
-	if err != nil {
-		return res, err
-	}
-	if !rec.claimed {
-		return replay[T](rec, cfg)
-	}
-	// Every path that does not commit ends the transaction here.
-	defer c.end(ctx)
-
-	var status string
-	var data []byte
-	if *failure != nil {
-		// An earlier attempt's fn failed permanently and was rolled back:
-		// record that outcome without running fn again.
-		status, data = StatusFailed, failureMessage(cfg, *failure)
-	} else {
-		g := newGuard(c.tx)
-		v, fnErr, panicked := callFn(ctx, g, fn)
-		g.close()
-		switch {
-		case panicked != nil:
-			panic(panicked) // the deferred rollback runs as it unwinds
-		case fnErr != nil:
-			if !IsPermanent(fnErr) {
-				return res, fnErr
-			}
-			*failure = fnErr
-			if err := rollback(ctx, c.tx); err != nil {
-				// Nothing was recorded: this must not look like a recorded
-				// business outcome, so fnErr is reported by message only.
-				return res, fmt.Errorf("idem: rolling back before recording the permanent failure %q: %w", fnErr.Error(), err)
-			}
-			// Claim again in a new transaction and record the failure
-			// there; if another execution committed first, its outcome is
-			// returned instead.
-			return doOnConn(ctx, conn, key, fn, cfg, failure)
-		}
-		status = StatusSucceeded
-		if data, res.Value, err = recordResult(cfg, v); err != nil {
-			return res, err
-		}
-	}
-
-	if conn.IsClosed() {
-		return Result[T]{}, fmt.Errorf("idem: connection closed before commit: %w", pgconn.ErrConnClosed)
-	}
-	if err := c.commit(ctx, status, data, rec.attempt, cmp.Or(cfg.txOptions.CommitQuery, "COMMIT")); err != nil {
-		return Result[T]{}, commitError(err)
-	}
-	if status == StatusFailed {
-		return res, *failure
-	}
-	return res, nil
-}
-
-// commitError classifies an error from a batch or command that carried
-// COMMIT on a connection that was open when it was sent: a server error, or a
-// request that never left (a context done beforehand), means nothing
-// committed; any other failure leaves the outcome unknown. "conn closed" is
-// unknown too: it is what the rest of a batch reports once a read failure
-// closed the connection mid-batch. A server error is recognised by its
-// SQLSTATE from any driver; through database/sql, driver.ErrBadConn
-// and network errors are unknown like pgx's.
-func commitError(err error) error {
-	if pgerr.Code(err) != "" || errors.Is(err, pgx.ErrTxCommitRollback) ||
-		(pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)) {
-		return fmt.Errorf("idem: commit: %w", err)
-	}
-	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 }

@@ -1,6 +1,8 @@
 package idem
 
 import (
+	"github.com/idemkit/idem/internal/protocol"
+
 	"encoding/json"
 	"strings"
 	"testing"
@@ -40,20 +42,20 @@ func FuzzCodec(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		raw, err := encodeValue[[]byte](nil, data)
+		raw, err := protocol.EncodeValue[[]byte](nil, data)
 		if err != nil {
 			t.Fatal(err)
 		}
-		back, err := decodeValue[[]byte](nil, raw)
+		back, err := protocol.DecodeValue[[]byte](nil, raw)
 		if err != nil || string(back) != string(data) {
 			t.Fatalf("[]byte round trip: %q -> %q, %v", data, back, err)
 		}
 		str := string(data)
-		enc, err := encodeValue(nil, str)
+		enc, err := protocol.EncodeValue(nil, str)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec, err := decodeValue[string](nil, enc)
+		dec, err := protocol.DecodeValue[string](nil, enc)
 		if err != nil || (utf8.ValidString(str) && dec != str) {
 			t.Fatalf("string round trip: %q -> %q, %v", str, dec, err)
 		}
@@ -62,11 +64,11 @@ func FuzzCodec(f *testing.F) {
 			t.Fatalf("invalid UTF-8 string: %q -> %q, want each invalid byte as U+FFFD", str, dec)
 		}
 		if json.Valid(data) {
-			rm, err := encodeValue(nil, json.RawMessage(data))
+			rm, err := protocol.EncodeValue(nil, json.RawMessage(data))
 			if err != nil {
 				t.Fatal(err)
 			}
-			back, err := decodeValue[json.RawMessage](nil, rm)
+			back, err := protocol.DecodeValue[json.RawMessage](nil, rm)
 			if err != nil || string(back) != string(data) {
 				t.Fatalf("RawMessage round trip: %q -> %q, %v", data, back, err)
 			}

@@ -48,10 +48,10 @@ import (
 func WithHoldTimeout(d time.Duration) Option {
 	return txOpt(func(c *config) {
 		if d <= 0 || d > MaxHoldTimeout {
-			c.fail("WithHoldTimeout(%v): the bound must be positive and at most %v", d, MaxHoldTimeout)
+			c.Fail("WithHoldTimeout(%v): the bound must be positive and at most %v", d, MaxHoldTimeout)
 			return
 		}
-		c.holdTimeout = d
+		c.HoldTimeout = d
 	})
 }
 
@@ -108,7 +108,7 @@ func bound(ctx context.Context, tx pgx.Tx, d time.Duration) (*heldSettings, erro
 // other cancellations, and it does not end the transaction. A Permanent
 // error was recorded, so it is not one.
 func holdError(cfg *config, err error) error {
-	if err == nil || cfg.holdTimeout == 0 || IsPermanent(err) || pgerr.Code(err) != pgerr.IdleInTxTimeout {
+	if err == nil || cfg.HoldTimeout == 0 || IsPermanent(err) || pgerr.Code(err) != pgerr.IdleInTxTimeout {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrHoldTimeout, err)

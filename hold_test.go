@@ -18,11 +18,11 @@ func TestWithHoldTimeout(t *testing.T) {
 	for _, d := range []time.Duration{time.Nanosecond, time.Second, MaxHoldTimeout} {
 		cfg, err := newConfig([]Option{WithHoldTimeout(d)})
 		require.NoError(t, err, "%v", d)
-		require.Equal(t, d, cfg.holdTimeout)
+		require.Equal(t, d, cfg.HoldTimeout)
 	}
 	cfg, err := newConfig([]Option(nil))
 	require.NoError(t, err)
-	require.Zero(t, cfg.holdTimeout, "no bound by default")
+	require.Zero(t, cfg.HoldTimeout, "no bound by default")
 }
 
 func TestHoldMillis(t *testing.T) {
@@ -40,7 +40,7 @@ func TestHoldMillis(t *testing.T) {
 func TestHoldError(t *testing.T) {
 	idle := &pgconn.PgError{Severity: "FATAL", Code: "25P03"}
 	canceled := &pgconn.PgError{Code: "57014"}
-	bounded := &config{holdTimeout: time.Second}
+	bounded := &config{HoldTimeout: time.Second}
 
 	require.ErrorIs(t, holdError(bounded, fmt.Errorf("fn: %w", idle)), ErrHoldTimeout)
 	require.ErrorIs(t, holdError(bounded, idle), idle)

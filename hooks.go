@@ -2,9 +2,10 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // EventKind says what happened to a key. See Hooks.
@@ -91,45 +92,31 @@ type Hooks interface {
 // Pass the same option to every call, or wrap it once in a slice of
 // options.
 func WithHooks(h Hooks) KeyOption {
-	return keyOpt(func(c *config) { c.hooks = h })
+	return keyOpt(func(c *config) {
+		c.Hooks = nil
+		if h != nil {
+			c.Hooks = hooksAdapter{h}
+		}
+	})
+}
+
+// hooksAdapter hands the protocol's events to Hooks as Events.
+type hooksAdapter struct{ h Hooks }
+
+func (a hooksAdapter) Emit(ctx context.Context, e protocol.Event) {
+	a.h.Event(ctx, Event{Kind: EventKind(e.Kind), Op: e.Op, Key: Key(e.Key), Attempt: e.Attempt, Duration: e.Duration, Rows: e.Rows, Err: e.Err})
 }
 
 // emit reports an event when hooks are set; with none it costs a nil check.
 // A zero start reports no duration.
-func (c *config) emit(ctx context.Context, kind EventKind, op string, key Key, attempt int32, start time.Time, err error) {
-	if c.hooks == nil {
-		return
-	}
-	var d time.Duration
-	if !start.IsZero() {
-		d = time.Since(start)
-	}
-	c.hooks.Event(ctx, Event{Kind: kind, Op: op, Key: key, Attempt: attempt, Duration: d, Err: err})
+func emit(c *config, ctx context.Context, kind EventKind, op string, key Key, attempt int32, start time.Time, err error) {
+	c.Emit(ctx, protocol.EventKind(kind), op, protocol.Key(key), attempt, start, err)
 }
 
-// report emits the event that a call's outcome stands for: executed (a
-// result or a recorded Permanent error), replayed, in progress, key reused
-// or lease lost. Other failures are the caller's to log.
-func (c *config) report(ctx context.Context, op string, key Key, start time.Time, replayed bool, err error) {
-	if c.hooks == nil {
-		return
-	}
-	var kind EventKind
-	switch {
-	case replayed:
-		kind = EventReplayed
-	case err == nil || IsPermanent(err):
-		kind = EventExecuted
-	case errors.Is(err, ErrInProgress):
-		kind = EventInProgress
-	case errors.Is(err, ErrKeyReused):
-		kind = EventKeyReused
-	case errors.Is(err, ErrLeaseLost):
-		kind = EventLeaseLost
-	default:
-		return
-	}
-	c.hooks.Event(ctx, Event{Kind: kind, Op: op, Key: key, Duration: time.Since(start), Err: err})
+// report emits the event that a call's outcome stands for (see
+// protocol.Config.Report).
+func report(c *config, ctx context.Context, op string, key Key, start time.Time, replayed bool, err error) {
+	c.Report(ctx, op, protocol.Key(key), start, replayed, err)
 }
 
 // SlogHooks logs events with log/slog. The zero value logs to

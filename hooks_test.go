@@ -21,9 +21,9 @@ func TestHooksOffAllocateNothing(t *testing.T) {
 	key := Key{Scope: "s", ID: "k"}
 	start := time.Now()
 	allocs := testing.AllocsPerRun(1000, func() {
-		cfg.report(ctx, "Do", key, start, false, nil)
-		cfg.report(ctx, "Do", key, start, false, ErrInProgress)
-		cfg.emit(ctx, EventTakeover, "Do", key, 2, start, nil)
+		report(&cfg, ctx, "Do", key, start, false, nil)
+		report(&cfg, ctx, "Do", key, start, false, ErrInProgress)
+		emit(&cfg, ctx, EventTakeover, "Do", key, 2, start, nil)
 	})
 	if allocs != 0 {
 		t.Fatalf("hooks off: %v allocations per call, want 0", allocs)
@@ -59,7 +59,7 @@ func TestReportClassifiesOutcomes(t *testing.T) {
 	}
 	for _, c := range cases {
 		rec.events = nil
-		cfg.report(ctx, "Do", key, start, c.replayed, c.err)
+		report(&cfg, ctx, "Do", key, start, c.replayed, c.err)
 		if c.want == 0 {
 			if len(rec.events) != 0 {
 				t.Errorf("%v: got %v, want no event", c.err, rec.events)

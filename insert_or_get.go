@@ -1,6 +1,8 @@
 package idem
 
 import (
+	"github.com/idemkit/idem/internal/protocol"
+
 	"context"
 	"errors"
 	"fmt"
@@ -37,7 +39,7 @@ func InsertOrGet(ctx context.Context, db DBTX, insert, lookup Query, dest ...any
 	if handle.Missing(db) || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGet needs a database, an insert and a lookup", ErrInvalidOption)
 	}
-	for range maxClaimTries {
+	for range protocol.MaxClaimTries {
 		err := db.QueryRow(ctx, insert.SQL, insert.Args...).Scan(dest...)
 		if err == nil {
 			return true, nil
@@ -70,7 +72,7 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 	if handle.Missing(tx) || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGetTx needs a transaction, an insert and a lookup", ErrInvalidOption)
 	}
-	for range maxClaimTries {
+	for range protocol.MaxClaimTries {
 		inserted := false
 		b := &pgx.Batch{}
 		b.Queue("SAVEPOINT " + spCreate)

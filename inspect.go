@@ -1,6 +1,8 @@
 package idem
 
 import (
+	"github.com/idemkit/idem/internal/protocol"
+
 	"context"
 	"errors"
 	"fmt"
@@ -52,8 +54,8 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption)
 	if err != nil {
 		return nil, err
 	}
-	defer cfg.explainMissingTable(&err)
-	r, err := scanRecord(db.QueryRow(ctx, `SELECT `+inspectColumns+` FROM `+cfg.q.table+` WHERE scope = $1 AND key = $2`, scope, id))
+	defer cfg.ExplainMissingTable(&err)
+	r, err := scanRecord(db.QueryRow(ctx, `SELECT `+inspectColumns+` FROM `+cfg.Q.Table+` WHERE scope = $1 AND key = $2`, scope, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -78,9 +80,9 @@ func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) (_ []Re
 	if err != nil {
 		return nil, err
 	}
-	defer cfg.explainMissingTable(&err)
-	rows, err := db.Query(ctx, `SELECT `+inspectColumns+` FROM `+cfg.q.table+`
-	WHERE `+stuckLease+`
+	defer cfg.ExplainMissingTable(&err)
+	rows, err := db.Query(ctx, `SELECT `+inspectColumns+` FROM `+cfg.Q.Table+`
+	WHERE `+protocol.StuckLease+`
 	ORDER BY locked_until LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idem: listing stuck leases: %w", err)
@@ -108,14 +110,14 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 	if err != nil {
 		return 0, 0, err
 	}
-	defer cfg.explainMissingTable(&err)
-	err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.q.table+`
-	WHERE `+purgeable).Scan(&records)
+	defer cfg.ExplainMissingTable(&err)
+	err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.Q.Table+`
+	WHERE `+protocol.Purgeable).Scan(&records)
 	if err != nil {
 		return 0, 0, fmt.Errorf("idem: counting expired records: %w", err)
 	}
 	if inboxRetention > 0 {
-		err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.inbox.table+`
+		err = db.QueryRow(ctx, `SELECT count(*) FROM `+cfg.Inbox.Table+`
 	WHERE consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'`, inboxRetention.Microseconds()).Scan(&inbox)
 		if err != nil {
 			return records, 0, fmt.Errorf("idem: counting expired inbox rows: %w", err)
@@ -136,13 +138,13 @@ func TableStats(ctx context.Context, db DBTX, opts ...TableOption) (_ *Stats, er
 	if err != nil {
 		return nil, err
 	}
-	defer cfg.explainMissingTable(&err)
-	t := cfg.q.table
+	defer cfg.ExplainMissingTable(&err)
+	t := cfg.Q.Table
 	// One statement, one scan, one snapshot: a row per status (none for an
 	// empty table, hence the outer join), each with the sizes.
 	rows, err := db.Query(ctx, `WITH s AS (SELECT status, count(*) AS n,
-		count(*) FILTER (WHERE `+purgeable+`) AS expired,
-		count(*) FILTER (WHERE `+stuckLease+`) AS stuck,
+		count(*) FILTER (WHERE `+protocol.Purgeable+`) AS expired,
+		count(*) FILTER (WHERE `+protocol.StuckLease+`) AS stuck,
 		min(created_at) AS oldest
 	FROM `+t+` GROUP BY status)
 	SELECT s.status, coalesce(s.n, 0), coalesce(s.expired, 0), coalesce(s.stuck, 0), s.oldest,

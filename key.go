@@ -82,12 +82,3 @@ func validatePart(field, s string) error {
 	}
 	return nil
 }
-
-// nonNilFingerprint stores "no fingerprint" as an empty bytea, so that nil and
-// empty compare equal on replay.
-func nonNilFingerprint(f []byte) []byte {
-	if f == nil {
-		return []byte{}
-	}
-	return f
-}

@@ -2,8 +2,10 @@ package idem
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/protocol"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,33 +96,33 @@ func Claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, op
 	if err != nil {
 		return nil, zero, err
 	}
-	defer cfg.explainMissingTable(&err)
+	defer cfg.ExplainMissingTable(&err)
 	start := time.Now()
 	l, res, err := claim[T](ctx, db, key, lease, &cfg)
 	switch {
 	case l != nil && l.attempt > 1:
-		cfg.emit(ctx, EventTakeover, "Claim", key, l.attempt, start, nil)
+		emit(&cfg, ctx, EventTakeover, "Claim", key, l.attempt, start, nil)
 	case l != nil:
-		cfg.emit(ctx, EventExecuted, "Claim", key, l.attempt, start, nil)
+		emit(&cfg, ctx, EventExecuted, "Claim", key, l.attempt, start, nil)
 	default:
-		cfg.report(ctx, "Claim", key, start, res.Replayed, err)
+		report(&cfg, ctx, "Claim", key, start, res.Replayed, err)
 	}
-	return l, res, withContextErr(ctx, err)
+	return l, res, protocol.WithContextErr(ctx, err)
 }
 
 // claim is Claim after the checks, without the event.
 func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cfg *config) (*Lease[T], Result[T], error) {
 	var zero Result[T]
-	claimSQL := cfg.q.leaseClaim
-	if cfg.requireIssued {
-		claimSQL = cfg.q.leaseClaimIssued
+	claimSQL := cfg.Q.LeaseClaim
+	if cfg.RequireIssued {
+		claimSQL = cfg.Q.LeaseClaimIssued
 	}
 	_, inTx := db.(pgx.Tx)
 
-	for range maxClaimTries {
+	for range protocol.MaxClaimTries {
 		l := &Lease[T]{key: key, duration: lease, cfg: *cfg}
 		l.renewed.Store(int64(monoSince()))
-		var rec record
+		var rec protocol.Record
 		claimed, found := false, false
 		b := &pgx.Batch{}
 		if !inTx {
@@ -128,7 +130,7 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 			// with it.
 			b.Queue(`SELECT set_config('lock_timeout', $1, true)`, claimLockTimeout)
 		}
-		b.Queue(claimSQL, key.Scope, key.ID, nonNilFingerprint(key.Fingerprint), cfg.ttl.Microseconds(), lease.Microseconds()).
+		b.Queue(claimSQL, key.Scope, key.ID, protocol.NonNilFingerprint(key.Fingerprint), cfg.TTL.Microseconds(), lease.Microseconds()).
 			QueryRow(func(r pgx.Row) error {
 				err := r.Scan(&l.attempt, &l.point, &l.data)
 				if errors.Is(err, pgx.ErrNoRows) {
@@ -137,7 +139,8 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 				claimed = err == nil
 				return err
 			})
-		b.Queue(cfg.q.read, key.Scope, key.ID).QueryRow(rec.scan(&found))
+		read := cfg.Q.ReadStmt(protocol.Key(key), &rec, &found)
+		queueStmt(b, &read)
 		if err := db.SendBatch(ctx, b).Close(); err != nil {
 			if pgerr.Code(err) == pgerr.LockNotAvailable && !inTx {
 				return nil, zero, ErrInProgress
@@ -147,26 +150,26 @@ func claim[T any](ctx context.Context, db DBTX, key Key, lease time.Duration, cf
 		if claimed {
 			return l, zero, nil
 		}
-		if cfg.requireIssued {
-			if err := tokenError(found, &rec); err != nil {
+		if cfg.RequireIssued {
+			if err := protocol.CheckToken(found, &rec); err != nil {
 				return nil, zero, err
 			}
 		}
 		switch {
 		case !found:
 			continue // purged between the statements: claim again
-		case !rec.fingerprintMatches(key.Fingerprint):
+		case !rec.FingerprintMatches(key.Fingerprint):
 			return nil, zero, ErrKeyReused
-		case rec.status == StatusProcessing:
+		case rec.Status == StatusProcessing:
 			// A live lease, or a claim another transaction holds right now.
 			return nil, zero, ErrInProgress
-		case rec.expired || rec.status == StatusIssued:
+		case rec.Expired || rec.Status == StatusIssued:
 			continue // expired, or a token freed, between the statements: claim again
 		}
-		res, err := replay[T](rec, cfg)
-		return nil, res, err
+		v, replayed, err := protocol.Replay[T](rec, cfg)
+		return nil, Result[T]{Value: v, Replayed: replayed}, err
 	}
-	return nil, zero, fmt.Errorf("idem: could not claim the key after %d tries", maxClaimTries)
+	return nil, zero, fmt.Errorf("idem: could not claim the key after %d tries", protocol.MaxClaimTries)
 }
 
 // Key is the claimed key.
@@ -203,15 +206,14 @@ func (l *Lease[T]) RecoveryData(v any) error {
 	if l == nil || l.point == "" || l.data == nil {
 		return fmt.Errorf("%w: no checkpoint data", ErrNotFound)
 	}
-	codec := l.cfg.codec
-	if codec == nil {
-		codec = jsonCodec{}
-	}
-	if b, ok := v.(*[]byte); ok && l.cfg.codec == nil {
+	if b, ok := v.(*[]byte); ok && l.cfg.Codec == nil {
 		*b = append((*b)[:0], l.data...)
 		return nil
 	}
-	return codec.Unmarshal(l.data, v)
+	if l.cfg.Codec == nil {
+		return json.Unmarshal(l.data, v)
+	}
+	return l.cfg.Codec.Unmarshal(l.data, v)
 }
 
 // usable checks a lease call's receiver and database before any SQL.
@@ -219,7 +221,7 @@ func (l *Lease[T]) usable(db DBTX) error {
 	if handle.Missing(db) {
 		return fmt.Errorf("%w: a lease call needs a database, not a nil %T", ErrInvalidOption, db)
 	}
-	if l == nil || l.cfg.q == nil {
+	if l == nil || l.cfg.Q == nil {
 		return fmt.Errorf("%w: the Lease is nil or was not made by Claim (Claim returns no Lease when it replays a result)", ErrInvalidOption)
 	}
 	return nil
@@ -235,7 +237,7 @@ func (l *Lease[T]) guarded(ctx context.Context, db DBTX, op, sql string, args ..
 	if tag.RowsAffected() != 1 {
 		// The key itself stays out of the message, which may be logged.
 		err := fmt.Errorf("%w: the key is no longer held at attempt %d", ErrLeaseLost, l.attempt)
-		l.cfg.emit(ctx, EventLeaseLost, op, l.key, l.attempt, time.Time{}, err)
+		emit(&l.cfg, ctx, EventLeaseLost, op, l.key, l.attempt, time.Time{}, err)
 		return err
 	}
 	return nil
@@ -249,7 +251,7 @@ func (l *Lease[T]) Extend(ctx context.Context, db DBTX) error {
 		return err
 	}
 	sent := monoSince()
-	if err := l.guarded(ctx, db, "Extend", l.cfg.q.leaseUpdate, l.duration.Microseconds()); err != nil {
+	if err := l.guarded(ctx, db, "Extend", l.cfg.Q.LeaseUpdate, l.duration.Microseconds()); err != nil {
 		return err
 	}
 	l.renewedAt(sent)
@@ -300,7 +302,7 @@ func (l *Lease[T]) KeepAlive(ctx context.Context, db DBTX) (context.Context, fun
 			left := time.Duration(l.renewed.Load()) + l.duration - sent
 			if left <= 0 {
 				lost = fmt.Errorf("%w: no renewal succeeded within %v", ErrLeaseLost, l.duration)
-				l.cfg.emit(ctx, EventLeaseLost, "KeepAlive", l.key, l.attempt, time.Time{}, lost)
+				emit(&l.cfg, ctx, EventLeaseLost, "KeepAlive", l.key, l.attempt, time.Time{}, lost)
 				cancel(lost)
 				return
 			}
@@ -342,12 +344,12 @@ func (l *Lease[T]) Checkpoint(ctx context.Context, db DBTX, point string, data a
 	if point == "" {
 		return fmt.Errorf("%w: Checkpoint needs a non-empty point", ErrInvalidOption)
 	}
-	enc, err := encodeResult[any](&l.cfg, data)
+	enc, err := protocol.EncodeResult[any](&l.cfg, data)
 	if err != nil {
 		return err
 	}
 	sent := monoSince()
-	if err := l.guarded(ctx, db, "Checkpoint", l.cfg.q.leaseCheckpoint, point, enc, l.duration.Microseconds()); err != nil {
+	if err := l.guarded(ctx, db, "Checkpoint", l.cfg.Q.LeaseCheckpoint, point, enc, l.duration.Microseconds()); err != nil {
 		return err
 	}
 	l.renewedAt(sent)
@@ -365,12 +367,12 @@ func (l *Lease[T]) Complete(ctx context.Context, db DBTX, v T) error {
 	if err := l.usable(db); err != nil {
 		return err
 	}
-	data, _, err := recordResult(&l.cfg, v)
+	data, _, err := protocol.RecordResult(&l.cfg, v)
 	if err != nil {
 		return err
 	}
 	l.finished.Store(true)
-	return l.guarded(ctx, db, "Complete", l.cfg.q.leaseFinish, StatusSucceeded, data, l.cfg.ttl.Microseconds())
+	return l.guarded(ctx, db, "Complete", l.cfg.Q.LeaseFinish, StatusSucceeded, data, l.cfg.TTL.Microseconds())
 }
 
 // Fail records a permanent failure: later Claims of the key return it as a
@@ -384,7 +386,7 @@ func (l *Lease[T]) Fail(ctx context.Context, db DBTX, cause error) error {
 		return fmt.Errorf("%w: Fail needs an error", ErrInvalidOption)
 	}
 	l.finished.Store(true)
-	return l.guarded(ctx, db, "Fail", l.cfg.q.leaseFinish, StatusFailed, failureMessage(&l.cfg, cause), l.cfg.ttl.Microseconds())
+	return l.guarded(ctx, db, "Fail", l.cfg.Q.LeaseFinish, StatusFailed, protocol.FailureMessage(&l.cfg, cause), l.cfg.TTL.Microseconds())
 }
 
 // Release gives the key up without finishing: the lease ends now, so the
@@ -395,5 +397,5 @@ func (l *Lease[T]) Release(ctx context.Context, db DBTX) error {
 		return err
 	}
 	l.finished.Store(true)
-	return l.guarded(ctx, db, "Release", l.cfg.q.leaseRelease)
+	return l.guarded(ctx, db, "Release", l.cfg.Q.LeaseRelease)
 }

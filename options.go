@@ -7,15 +7,16 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/internal/ident"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // DefaultTTL is how long a record is kept, and replayed, unless WithTTL says
 // otherwise.
-const DefaultTTL = 24 * time.Hour
+const DefaultTTL = protocol.DefaultTTL
 
 // DefaultMaxResultSize is the largest encoded result, in bytes, that is
 // recorded unless WithMaxResultSize says otherwise: 1 MiB.
-const DefaultMaxResultSize = 1 << 20
+const DefaultMaxResultSize = protocol.DefaultMaxResult
 
 // Options are scoped to the calls they affect, so that a combination that
 // could not apply does not compile. From the narrowest to the widest:
@@ -85,34 +86,19 @@ func (tableOpt) keyOption() {}
 
 func (tableOpt) tableOption() {}
 
-// config is what a call's options set.
-type config struct {
-	ttl    time.Duration
-	noWait bool
-	// requireIssued accepts only tokens from IssueToken.
-	requireIssued bool
-	codec         Codec
-	q             *queries      // the record table's statements
-	inbox         *inboxQueries // the inbox table's statements
-	txOptions     pgx.TxOptions
-	retry         RetryPolicy
-	maxResult     int           // the largest encoded result recorded, in bytes
-	holdTimeout   time.Duration // 0: no bound of idem's own (WithHoldTimeout)
-	hooks         Hooks         // nil: no events
-	// op names the entry point in events: "WithIdempotency", "Do", "Claim".
-	op  string
-	err error
-}
+// Configure applies the option to the protocol's Config: what other
+// packages of the module (idemsql) apply idem's options with.
+func (o doOpt) Configure(c *protocol.Config)    { o(c) }
+func (o txOpt) Configure(c *protocol.Config)    { o(c) }
+func (o keyOpt) Configure(c *protocol.Config)   { o(c) }
+func (o tableOpt) Configure(c *protocol.Config) { o(c) }
+
+// config is what a call's options set: the protocol's Config.
+type config = protocol.Config
+
 
 func newConfig[O DoOption](opts []O) (config, error) {
-	c := config{ttl: DefaultTTL, q: defaultQueries, inbox: defaultInboxQueries, maxResult: DefaultMaxResultSize}
-	for _, o := range opts {
-		if any(o) != nil {
-			o.apply(&c)
-		}
-	}
-	c.retry = c.retry.withDefaults()
-	return c, c.err
+	return protocol.NewConfig(opts)
 }
 
 // newCall checks the arguments of a call that claims a key, before any SQL:
@@ -130,21 +116,15 @@ func newCall[O DoOption](op string, key Key, complete bool, needs string, opts [
 	if err != nil {
 		return c, err
 	}
-	if c.requireIssued {
+	if c.RequireIssued {
 		if err := checkTokenShape(key); err != nil {
 			return c, err
 		}
 	}
-	c.op = op
+	c.Op = op
 	return c, nil
 }
 
-// fail records the first invalid option; the call returns it before any SQL.
-func (c *config) fail(format string, args ...any) {
-	if c.err == nil {
-		c.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
-	}
-}
 
 // WithTTL sets how long the record of a first execution is kept and replayed;
 // after it the key is treated as unused and the next call runs fn again. It
@@ -153,10 +133,10 @@ func (c *config) fail(format string, args ...any) {
 func WithTTL(ttl time.Duration) KeyOption {
 	return keyOpt(func(c *config) {
 		if ttl <= 0 {
-			c.fail("WithTTL(%v): the TTL must be positive", ttl)
+			c.Fail("WithTTL(%v): the TTL must be positive", ttl)
 			return
 		}
-		c.ttl = ttl
+		c.TTL = ttl
 	})
 }
 
@@ -168,14 +148,14 @@ func WithTTL(ttl time.Duration) KeyOption {
 // whole record table (DDL, LOCK TABLE) is waited for under the caller's
 // lock_timeout. By default the call waits. (Claim never waits.)
 func NoWait() Option {
-	return txOpt(func(c *config) { c.noWait = true })
+	return txOpt(func(c *config) { c.NoWait = true })
 }
 
 // WithCodec sets how results (and a lease's checkpoint data) are stored. By
 // default values are JSON, and []byte and json.RawMessage results are stored
 // as they are. A nil codec restores the default.
 func WithCodec(codec Codec) KeyOption {
-	return keyOpt(func(c *config) { c.codec = codec })
+	return keyOpt(func(c *config) { c.Codec = codec })
 }
 
 // WithMaxResultSize caps the size, in bytes, of what a record stores: fn's
@@ -192,11 +172,11 @@ func WithMaxResultSize(n int) KeyOption {
 	return keyOpt(func(c *config) {
 		switch {
 		case n < 0:
-			c.fail("WithMaxResultSize(%d): the size must not be negative", n)
+			c.Fail("WithMaxResultSize(%d): the size must not be negative", n)
 		case n == 0:
-			c.maxResult = DefaultMaxResultSize
+			c.MaxResult = DefaultMaxResultSize
 		default:
-			c.maxResult = n
+			c.MaxResult = n
 		}
 	})
 }
@@ -212,8 +192,8 @@ func WithTable(schema, table string) TableOption {
 	if err := ident.ValidateTable(schema, table); err != nil {
 		return errOption(err)
 	}
-	q := queriesFor(ident.Qualified(schema, table))
-	return tableOpt(func(c *config) { c.q = q })
+	q := protocol.QueriesFor(ident.Qualified(schema, table))
+	return tableOpt(func(c *config) { c.Q = q })
 }
 
 // WithInboxTable names the consume-once table (ConsumeOnce, and Purge's
@@ -223,16 +203,16 @@ func WithInboxTable(schema, table string) TableOption {
 	if err := ident.ValidateTable(schema, table); err != nil {
 		return errOption(err)
 	}
-	q := buildInboxQueries(ident.Qualified(schema, table))
-	return tableOpt(func(c *config) { c.inbox = q })
+	q := protocol.InboxQueriesFor(ident.Qualified(schema, table))
+	return tableOpt(func(c *config) { c.Inbox = q })
 }
 
 // errOption is a TableOption that only reports err, for an option whose
 // arguments were rejected when it was made.
 func errOption(err error) TableOption {
 	return tableOpt(func(c *config) {
-		if c.err == nil {
-			c.err = fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		if c.Err == nil {
+			c.Err = fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 	})
 }
@@ -241,7 +221,6 @@ func errOption(err error) TableOption {
 // level, access mode). It defaults to the zero pgx.TxOptions: the server's
 // default isolation, usually READ COMMITTED.
 func WithTxOptions(opts pgx.TxOptions) DoOption {
-	return doOpt(func(c *config) { c.txOptions = opts })
+	return doOpt(func(c *config) { c.TxOptions = opts })
 }
 
-var defaultQueries = queriesFor(ident.Qualified("", DefaultTable))

@@ -1,6 +1,10 @@
 package idem
 
 import (
+	"github.com/idemkit/idem/internal/protocol"
+
+	"encoding/json"
+
 	"strings"
 	"testing"
 	"time"
@@ -14,15 +18,15 @@ func TestNewConfigDefaults(t *testing.T) {
 
 	cfg, err := newConfig([]Option(nil))
 	require.NoError(t, err)
-	require.Equal(t, DefaultTTL, cfg.ttl)
-	require.Equal(t, DefaultMaxResultSize, cfg.maxResult)
-	require.Same(t, defaultQueries, cfg.q)
-	require.Same(t, defaultInboxQueries, cfg.inbox)
-	require.Nil(t, cfg.codec)
-	require.Nil(t, cfg.hooks)
-	require.False(t, cfg.noWait)
-	require.False(t, cfg.requireIssued)
-	require.Equal(t, RetryPolicy{MaxAttempts: 10, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond}, cfg.retry)
+	require.Equal(t, DefaultTTL, cfg.TTL)
+	require.Equal(t, DefaultMaxResultSize, cfg.MaxResult)
+	require.Same(t, protocol.DefaultQueries, cfg.Q)
+	require.Same(t, protocol.DefaultInboxQueries, cfg.Inbox)
+	require.Nil(t, cfg.Codec)
+	require.Nil(t, cfg.Hooks)
+	require.False(t, cfg.NoWait)
+	require.False(t, cfg.RequireIssued)
+	require.Equal(t, protocol.Retry{MaxAttempts: 10, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond}, cfg.Retry)
 }
 
 func TestNewConfigAppliesOptions(t *testing.T) {
@@ -32,7 +36,7 @@ func TestNewConfigAppliesOptions(t *testing.T) {
 		WithTTL(time.Minute),
 		NoWait(),
 		RequireIssued(),
-		WithCodec(jsonCodec{}),
+		WithCodec(testCodec{}),
 		WithMaxResultSize(4096),
 		WithRetry(RetryPolicy{MaxAttempts: 1}),
 		WithTable("app", "keys"),
@@ -40,21 +44,21 @@ func TestNewConfigAppliesOptions(t *testing.T) {
 		nil, // ignored
 	})
 	require.NoError(t, err)
-	require.Equal(t, time.Minute, cfg.ttl)
-	require.True(t, cfg.noWait)
-	require.True(t, cfg.requireIssued)
-	require.Equal(t, jsonCodec{}, cfg.codec)
-	require.Equal(t, 4096, cfg.maxResult)
+	require.Equal(t, time.Minute, cfg.TTL)
+	require.True(t, cfg.NoWait)
+	require.True(t, cfg.RequireIssued)
+	require.Equal(t, testCodec{}, cfg.Codec)
+	require.Equal(t, 4096, cfg.MaxResult)
 	// Zero fields of a policy take their defaults.
-	require.Equal(t, RetryPolicy{MaxAttempts: 1, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond}, cfg.retry)
-	require.Equal(t, `"app"."keys"`, cfg.q.table)
-	require.Equal(t, `"app"."inbox"`, cfg.inbox.table)
+	require.Equal(t, protocol.Retry{MaxAttempts: 1, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond}, cfg.Retry)
+	require.Equal(t, `"app"."keys"`, cfg.Q.Table)
+	require.Equal(t, `"app"."inbox"`, cfg.Inbox.Table)
 
 	// WithMaxResultSize(0) and WithCodec(nil) restore the defaults.
-	cfg, err = newConfig([]Option{WithMaxResultSize(4096), WithMaxResultSize(0), WithCodec(jsonCodec{}), WithCodec(nil)})
+	cfg, err = newConfig([]Option{WithMaxResultSize(4096), WithMaxResultSize(0), WithCodec(testCodec{}), WithCodec(nil)})
 	require.NoError(t, err)
-	require.Equal(t, DefaultMaxResultSize, cfg.maxResult)
-	require.Nil(t, cfg.codec)
+	require.Equal(t, DefaultMaxResultSize, cfg.MaxResult)
+	require.Nil(t, cfg.Codec)
 }
 
 func TestNewConfigRejectsBadOptions(t *testing.T) {
@@ -150,3 +154,9 @@ func TestOptionKinds(t *testing.T) {
 		require.Equal(t, tc.want, kindOf(tc.opt), name)
 	}
 }
+
+// testCodec is a Codec for the option tests.
+type testCodec struct{}
+
+func (testCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (testCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

@@ -1,6 +1,8 @@
 package idem
 
 import (
+	"github.com/idemkit/idem/internal/protocol"
+
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -106,7 +108,7 @@ func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (_
 	if err != nil {
 		return 0, err
 	}
-	defer cfg.explainMissingTable(&err)
+	defer cfg.ExplainMissingTable(&err)
 	retry := po.Retry.withDefaults()
 	_, inTx := db.(pgx.Tx)
 	start := time.Now()
@@ -121,14 +123,14 @@ func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (_
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		n, err := purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
+		n, err := purgeBatch(ctx, db, cfg.Q, po.BatchSize, inTx)
 		// A batch is its own transaction: one that fails with 40001 or
 		// 40P01 is simply done again.
 		for try := 1; err != nil && IsRetryable(err) && !inTx && try < retry.MaxAttempts; try++ {
 			if serr := backoff.Sleep(ctx, retry.backoff(try)); serr != nil {
 				return total, serr
 			}
-			n, err = purgeBatch(ctx, db, cfg.q, po.BatchSize, inTx)
+			n, err = purgeBatch(ctx, db, cfg.Q, po.BatchSize, inTx)
 		}
 		if err != nil {
 			return total, fmt.Errorf("idem: purging records: %w", err)
@@ -167,9 +169,9 @@ const purgeLockTimeout = "20ms"
 // another transaction holds, the batch is done again with FOR UPDATE SKIP
 // LOCKED. Inside a caller's transaction only the skipping form is used,
 // leaving its settings and isolation alone.
-func purgeBatch(ctx context.Context, db DBTX, q *queries, size int, inTx bool) (int64, error) {
+func purgeBatch(ctx context.Context, db DBTX, q *protocol.Queries, size int, inTx bool) (int64, error) {
 	if inTx {
-		tag, err := db.Exec(ctx, q.purgeSkipLocked, size)
+		tag, err := db.Exec(ctx, q.PurgeSkipLocked, size)
 		return tag.RowsAffected(), err
 	}
 	var n int64
@@ -177,14 +179,14 @@ func purgeBatch(ctx context.Context, db DBTX, q *queries, size int, inTx bool) (
 	b := &pgx.Batch{}
 	b.Queue(purgeIsolation)
 	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, purgeLockTimeout)
-	b.Queue(q.purge, size).Exec(count)
+	b.Queue(q.Purge, size).Exec(count)
 	err := db.SendBatch(ctx, b).Close()
 	if err == nil || pgerr.Code(err) != pgerr.LockNotAvailable {
 		return n, err
 	}
 	b = &pgx.Batch{}
 	b.Queue(purgeIsolation)
-	b.Queue(q.purgeSkipLocked, size).Exec(count)
+	b.Queue(q.PurgeSkipLocked, size).Exec(count)
 	err = db.SendBatch(ctx, b).Close()
 	return n, err
 }

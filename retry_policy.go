@@ -3,7 +3,7 @@ package idem
 import (
 	"time"
 
-	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // RetryPolicy bounds the retries of serialization failures (40001) and
@@ -27,10 +27,10 @@ type RetryPolicy struct {
 func WithRetry(p RetryPolicy) DoOption {
 	return doOpt(func(c *config) {
 		if !p.valid() {
-			c.fail("WithRetry(%+v): values must not be negative", p)
+			c.Fail("WithRetry(%+v): values must not be negative", p)
 			return
 		}
-		c.retry = p
+		c.Retry = protocol.Retry(p)
 	})
 }
 
@@ -40,19 +40,10 @@ func (p RetryPolicy) valid() bool {
 }
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	if p.MaxAttempts == 0 {
-		p.MaxAttempts = 10
-	}
-	if p.BaseDelay == 0 {
-		p.BaseDelay = 2 * time.Millisecond
-	}
-	if p.MaxDelay == 0 {
-		p.MaxDelay = 250 * time.Millisecond
-	}
-	return p
+	return RetryPolicy(protocol.Retry(p).WithDefaults())
 }
 
 // backoff is how long retry n waits.
 func (p RetryPolicy) backoff(retry int) time.Duration {
-	return backoff.Full(p.BaseDelay, p.MaxDelay, retry)
+	return protocol.Retry(p).Backoff(retry)
 }

@@ -6,43 +6,35 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/idemkit/idem/internal/handle"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // Token errors. The error returned is a *TokenError matching ErrTokenRejected
 // and one of the others.
 var (
 	// ErrTokenRejected matches every refused token.
-	ErrTokenRejected = errors.New("idem: token rejected")
+	ErrTokenRejected = protocol.ErrTokenRejected
 	// ErrTokenUnknown: the token was never issued (forged, mistyped, or
 	// purged long after it expired).
-	ErrTokenUnknown = errors.New("idem: token unknown")
+	ErrTokenUnknown = protocol.ErrTokenUnknown
 	// ErrTokenExpired: the token was issued but its TTL passed before use.
-	ErrTokenExpired = errors.New("idem: token expired")
+	ErrTokenExpired = protocol.ErrTokenExpired
 	// ErrTokenOtherScope: the token was issued for another scope (another
 	// user, say). It is told from its tag, without a query; the tag is no
 	// secret, so a client that recomputes it for a token it made up gets
 	// this answer too, and never anything of another scope.
-	ErrTokenOtherScope = errors.New("idem: token issued for another scope")
+	ErrTokenOtherScope = protocol.ErrTokenOtherScope
 )
 
-// TokenError reports why RequireIssued refused a token.
-type TokenError struct {
-	Problem error // ErrTokenUnknown, ErrTokenExpired or ErrTokenOtherScope
-}
-
-// Error describes the problem.
-func (e *TokenError) Error() string { return e.Problem.Error() }
-
-// Is matches ErrTokenRejected and the problem.
-func (e *TokenError) Is(target error) bool {
-	return target == ErrTokenRejected || target == e.Problem
-}
+// TokenError reports why RequireIssued refused a token. Its Problem is
+// ErrTokenUnknown, ErrTokenExpired or ErrTokenOtherScope; it matches
+// ErrTokenRejected and its Problem with errors.Is.
+type TokenError = protocol.TokenError
 
 // A token is tokenRandomBytes random bytes, a dot, and a tag, all base64url
 // without padding: 43 + 1 + 12 = 56 bytes. The tag is 9 bytes: 6 that name
@@ -83,7 +75,7 @@ func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, o
 	if err != nil {
 		return "", err
 	}
-	defer cfg.explainMissingTable(&err)
+	defer cfg.ExplainMissingTable(&err)
 	random := make([]byte, tokenRandomBytes)
 	if _, err := rand.Read(random); err != nil {
 		return "", fmt.Errorf("idem: reading random bytes: %w", err)
@@ -91,7 +83,7 @@ func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, o
 	tag := scopeTag(scope)
 	tag = append(tag, checkTag(random, tag)...)
 	token := base64.RawURLEncoding.EncodeToString(random) + "." + base64.RawURLEncoding.EncodeToString(tag)
-	if _, err := db.Exec(ctx, cfg.q.issue, scope, token, ttl.Microseconds()); err != nil {
+	if _, err := db.Exec(ctx, cfg.Q.Issue, scope, token, ttl.Microseconds()); err != nil {
 		return "", closedHandle("IssueToken", err)
 	}
 	return token, nil
@@ -161,17 +153,6 @@ func checkTokenShape(key Key) error {
 // without RequireIssued can create records under any key, so a scope whose
 // keys must all be issued should always be used with RequireIssued.
 func RequireIssued() KeyOption {
-	return keyOpt(func(c *config) { c.requireIssued = true })
+	return keyOpt(func(c *config) { c.RequireIssued = true })
 }
 
-// tokenError turns what a token claim found into an error, or nil when the
-// record may be handled as usual (replayed, in progress, taken over).
-func tokenError(found bool, rec *record) error {
-	switch {
-	case !found:
-		return &TokenError{Problem: ErrTokenUnknown}
-	case rec.expired:
-		return &TokenError{Problem: ErrTokenExpired}
-	}
-	return nil
-}

@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem/internal/handle"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // Result is what a call with an idempotency key produced.
@@ -88,133 +88,19 @@ func WithIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
 	if err != nil {
 		return zero, err
 	}
-	defer cfg.explainMissingTable(&err)
+	defer cfg.ExplainMissingTable(&err)
 	start := time.Now()
-	res, err := withIdempotency(ctx, tx, key, fn, &cfg)
-	err = holdError(&cfg, err)
-	cfg.report(ctx, cfg.op, key, start, res.Replayed, err)
-	return res, withContextErr(ctx, err)
-}
-
-// withContextErr makes an error that a done ctx caused match ctx.Err(),
-// whichever driver reported it: pgx returns the context's error, lib/pq the
-// server's "canceling statement due to user request" (SQLSTATE 57014).
-func withContextErr(ctx context.Context, err error) error {
-	if err == nil {
-		return nil
-	}
-	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-		return fmt.Errorf("%w: %w", cerr, err)
-	}
-	return err
-}
-
-// withIdempotency is WithIdempotency after the checks, without the event.
-func withIdempotency[T any](ctx context.Context, tx pgx.Tx, key Key,
-	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config) (Result[T], error) {
-	var zero Result[T]
-	c := &inTx{tx: tx, q: cfg.q, key: key}
-	rec, err := claimKey(ctx, c, key, cfg)
-	if err != nil {
-		return zero, err
-	}
-	if !rec.claimed {
-		return replay[T](rec, cfg)
-	}
-	if cfg.holdTimeout > 0 {
-		if c.held, err = bound(ctx, tx, cfg.holdTimeout); err != nil {
-			return zero, errors.Join(err, c.abandon(ctx, rec.attempt))
-		}
-	}
-
-	g := newGuard(tx)
-	v, fnErr, panicked := callFn(ctx, g, fn)
-	g.close()
-	switch {
-	case panicked != nil:
-		_ = c.abandon(ctx, rec.attempt)
-		panic(panicked)
-	case fnErr == nil:
-		data, decoded, err := recordResult(cfg, v)
-		if err != nil {
-			if aerr := c.abandon(ctx, rec.attempt); aerr != nil {
-				err = errors.Join(err, aerr)
-			}
-			return zero, err
-		}
-		if err := c.complete(ctx, StatusSucceeded, data, rec.attempt); err != nil {
-			// Undo fn's writes too, so that a caller who commits anyway
-			// cannot commit them without their record.
-			return zero, errors.Join(fmt.Errorf("idem: recording the result: %w", err), c.abandon(ctx, rec.attempt))
-		}
-		return Result[T]{Value: decoded}, nil
-	case IsPermanent(fnErr):
-		// Undo fn's writes but keep the claim until the failure is
-		// recorded. ROLLBACK TO goes alone: fn may have left the
-		// savepoint aborted, where nothing else can be prepared.
-		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+spFn)
-		if err == nil {
-			err = c.complete(ctx, StatusFailed, failureMessage(cfg, fnErr), rec.attempt)
-		}
-		if err != nil {
-			// Not recorded: this must not look like a recorded business
-			// outcome, so fnErr is reported by message only.
-			err = fmt.Errorf("idem: recording the permanent failure %q: %w", fnErr.Error(), err)
-			return zero, errors.Join(err, c.abandon(ctx, rec.attempt))
-		}
-		return zero, fnErr
-	default:
-		if err := c.abandon(ctx, rec.attempt); err != nil {
-			return zero, errors.Join(fnErr, err)
-		}
-		return zero, fnErr
-	}
-}
-
-// replay turns an existing record into the call's result.
-func replay[T any](rec record, cfg *config) (Result[T], error) {
-	switch rec.status {
-	case StatusSucceeded:
-		v, err := decodeValue[T](cfg.codec, rec.response)
-		if err != nil {
-			return Result[T]{}, err
-		}
-		return Result[T]{Value: v, Replayed: true}, nil
-	case StatusFailed:
-		return Result[T]{Replayed: true}, &PermanentError{Err: &RecordedError{Message: string(rec.response)}}
-	case StatusProcessing:
-		return Result[T]{}, ErrInProgress
-	default:
-		return Result[T]{}, fmt.Errorf("idem: record has unexpected status %q", rec.status)
-	}
-}
-
-// callFn runs fn, turning a panic into a value so the caller can clean up
-// before re-raising it.
-func callFn[T any](ctx context.Context, tx pgx.Tx, fn func(context.Context, pgx.Tx) (T, error)) (v T, err error, panicked any) {
-	defer func() {
-		if p := recover(); p != nil {
-			panicked = p
-		}
-	}()
-	v, err = fn(ctx, tx)
-	return v, err, nil
+	v, replayed, err := protocol.InTx(ctx, pgxErrors{}, pgxTx{tx: tx}, protocol.Key(key), protocol.Fn[pgx.Tx, T](fn), &cfg)
+	err = cfg.HoldError(err)
+	report(&cfg, ctx, cfg.Op, key, start, replayed, err)
+	return Result[T]{Value: v, Replayed: replayed}, protocol.WithContextErr(ctx, err)
 }
 
 // rollback rolls tx back even when ctx was cancelled.
 func rollback(ctx context.Context, tx pgx.Tx) error {
-	ctx, cancel := cleanupContext(ctx)
+	ctx, cancel := protocol.CleanupContext(ctx)
 	defer cancel()
 	return tx.Rollback(ctx)
-}
-
-// cleanupTimeout bounds the statements that undo work after fn failed.
-const cleanupTimeout = 10 * time.Second
-
-// cleanupContext keeps ctx's values but not its cancellation, so that work
-// can still be undone after ctx was cancelled.
-func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 }
 
 // errTxOwned is what fn gets from Commit or Rollback on the transaction idem
