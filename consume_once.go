@@ -19,7 +19,6 @@ const DefaultInboxTable = protocol.DefaultInboxTable
 // spInbox is ConsumeOnce's savepoint.
 const spInbox = "idem_inbox"
 
-
 // ConsumeOnce runs fn for a message at most once per consumer, inside the
 // caller's transaction tx, and reports whether fn ran.
 //

@@ -96,7 +96,6 @@ func (o tableOpt) Configure(c *protocol.Config) { o(c) }
 // config is what a call's options set: the protocol's Config.
 type config = protocol.Config
 
-
 func newConfig[O DoOption](opts []O) (config, error) {
 	return protocol.NewConfig(opts)
 }
@@ -124,7 +123,6 @@ func newCall[O DoOption](op string, key Key, complete bool, needs string, opts [
 	c.Op = op
 	return c, nil
 }
-
 
 // WithTTL sets how long the record of a first execution is kept and replayed;
 // after it the key is treated as unused and the next call runs fn again. It
@@ -223,4 +221,3 @@ func errOption(err error) TableOption {
 func WithTxOptions(opts pgx.TxOptions) DoOption {
 	return doOpt(func(c *config) { c.TxOptions = opts })
 }
-

@@ -47,4 +47,3 @@ type Record struct {
 
 // DefaultTable is the record table's name unless WithTable says otherwise.
 const DefaultTable = protocol.DefaultTable
-

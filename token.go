@@ -155,4 +155,3 @@ func checkTokenShape(key Key) error {
 func RequireIssued() KeyOption {
 	return keyOpt(func(c *config) { c.RequireIssued = true })
 }
-
