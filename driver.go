@@ -53,7 +53,7 @@ type batcher interface {
 // arguments or destinations goes by Exec, which sends it with the simple
 // protocol.
 func runStmts(ctx context.Context, q batcher, stmts []protocol.Stmt) error {
-	if len(stmts) == 1 && len(stmts[0].Args) == 0 && stmts[0].Dest == nil && stmts[0].Affected == nil {
+	if len(stmts) == 1 && len(stmts[0].Args) == 0 && stmts[0].Dest == nil && stmts[0].Affected == nil && stmts[0].Each == nil {
 		_, err := q.Exec(ctx, stmts[0].SQL)
 		return err
 	}
@@ -68,6 +68,15 @@ func runStmts(ctx context.Context, q batcher, stmts []protocol.Stmt) error {
 func queueStmt(b *pgx.Batch, st *protocol.Stmt) {
 	qq := b.Queue(st.SQL, st.Args...)
 	switch {
+	case st.Each != nil:
+		qq.Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := st.Each(rows.Scan); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
 	case st.Dest != nil:
 		qq.QueryRow(func(r pgx.Row) error {
 			err := r.Scan(st.Dest...)
@@ -88,6 +97,18 @@ func queueStmt(b *pgx.Batch, st *protocol.Stmt) {
 	}
 }
 
+// pgxQuerier is what a call that takes a DBTX runs its statements on.
+type pgxQuerier struct{ db DBTX }
+
+func (q pgxQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
+	return runStmts(ctx, q.db, stmts)
+}
+
+func (q pgxQuerier) InTx() bool {
+	_, ok := q.db.(pgx.Tx)
+	return ok
+}
+
 // pgxTx is a pgx transaction to the protocol: the caller's (WithIdempotency)
 // or one of Do's (pgxOwn).
 type pgxTx struct{ tx pgx.Tx }
@@ -95,6 +116,9 @@ type pgxTx struct{ tx pgx.Tx }
 func (t pgxTx) Run(ctx context.Context, stmts ...protocol.Stmt) error {
 	return runStmts(ctx, t.tx, stmts)
 }
+
+// InTx reports true.
+func (pgxTx) InTx() bool { return true }
 
 // Fn hands fn the transaction behind a guard (see guardTx).
 func (t pgxTx) Fn() (pgx.Tx, func()) {

@@ -105,23 +105,7 @@ func newConfig[O DoOption](opts []O) (config, error) {
 // ErrInvalidOption saying what op needs), its options, and with
 // RequireIssued the token's shape. It returns the call's config.
 func newCall[O DoOption](op string, key Key, complete bool, needs string, opts []O) (config, error) {
-	if err := key.Validate(); err != nil {
-		return config{}, err
-	}
-	if !complete {
-		return config{}, fmt.Errorf("%w: %s needs %s", ErrInvalidOption, op, needs)
-	}
-	c, err := newConfig(opts)
-	if err != nil {
-		return c, err
-	}
-	if c.RequireIssued {
-		if err := checkTokenShape(key); err != nil {
-			return c, err
-		}
-	}
-	c.Op = op
-	return c, nil
+	return protocol.NewCall(op, protocol.Key(key), key.Validate(), complete, needs, opts)
 }
 
 // WithTTL sets how long the record of a first execution is kept and replayed;

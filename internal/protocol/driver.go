@@ -14,6 +14,10 @@ type Stmt struct {
 	// Affected, when not nil, receives the number of rows the statement
 	// changed.
 	Affected *int64
+	// Each, when not nil, is called for every row the statement returns,
+	// with what scans that row; an error it returns ends the statement and
+	// the group with that error.
+	Each func(scan func(dest ...any) error) error
 }
 
 // Exec runs groups of statements in one transaction.
@@ -25,6 +29,18 @@ type Exec interface {
 	// several statements separated by semicolons and runs in an aborted
 	// transaction (ROLLBACK TO SAVEPOINT).
 	Run(ctx context.Context, stmts ...Stmt) error
+}
+
+// Querier runs statements on what a call was given: a pool or database, a
+// connection, or a transaction.
+type Querier interface {
+	Exec
+	// InTx reports that the statements run in a transaction of the
+	// caller's. Otherwise a group of several statements runs as one
+	// transaction of its own (pgx: a batch's implicit transaction;
+	// database/sql: BEGIN and COMMIT around it), and a lone statement in
+	// its own.
+	InTx() bool
 }
 
 // Tx is a transaction a claimed execution runs in.

@@ -1,4 +1,4 @@
-package idem
+package protocol
 
 import (
 	"crypto/sha256"
@@ -22,11 +22,11 @@ func TestCheckTokenShape(t *testing.T) {
 	random := []byte(strings.Repeat("r", tokenRandomBytes))
 	token := newToken(t, "user:1", random)
 	require.Len(t, token, 56)
-	require.NoError(t, checkTokenShape(Key{Scope: "user:1", ID: token}))
+	require.NoError(t, CheckTokenShape(Key{Scope: "user:1", ID: token}))
 
 	// Issued for another scope: told apart by the tag.
 	for _, scope := range []string{"user:2", "user:1 ", "User:1", ""} {
-		err := checkTokenShape(Key{Scope: scope, ID: token})
+		err := CheckTokenShape(Key{Scope: scope, ID: token})
 		require.ErrorIs(t, err, ErrTokenOtherScope, scope)
 		require.ErrorIs(t, err, ErrTokenRejected, scope)
 	}
@@ -58,7 +58,7 @@ func TestCheckTokenShape(t *testing.T) {
 		for _, scope := range []string{"user:1", "user:2"} {
 			// Strict decoding refuses a typo in the bits the random
 			// part's last character leaves over, so every typo counts.
-			err := checkTokenShape(Key{Scope: scope, ID: id})
+			err := CheckTokenShape(Key{Scope: scope, ID: id})
 			require.ErrorIs(t, err, ErrTokenUnknown, "%s in scope %s", name, scope)
 			require.NotErrorIs(t, err, ErrTokenOtherScope, "%s in scope %s", name, scope)
 		}
@@ -71,7 +71,7 @@ func TestCheckTokenShapeLegacy(t *testing.T) {
 	h := sha256.Sum256([]byte("idem token scope\x00user:1"))
 	legacy := strings.Repeat("x", 43) + "." + base64.RawURLEncoding.EncodeToString(h[:6])
 	require.Len(t, legacy, 52)
-	require.NoError(t, checkTokenShape(Key{Scope: "user:1", ID: legacy}))
-	require.ErrorIs(t, checkTokenShape(Key{Scope: "user:2", ID: legacy}), ErrTokenUnknown)
-	require.ErrorIs(t, checkTokenShape(Key{Scope: "user:1", ID: legacy[:50] + "zz"}), ErrTokenUnknown)
+	require.NoError(t, CheckTokenShape(Key{Scope: "user:1", ID: legacy}))
+	require.ErrorIs(t, CheckTokenShape(Key{Scope: "user:2", ID: legacy}), ErrTokenUnknown)
+	require.ErrorIs(t, CheckTokenShape(Key{Scope: "user:1", ID: legacy[:50] + "zz"}), ErrTokenUnknown)
 }

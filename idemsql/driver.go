@@ -1,0 +1,206 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/protocol"
+)
+
+// The database/sql driver of idem's claim protocol (internal/protocol), for
+// PostgreSQL through lib/pq or pgx's stdlib driver: statements run one after
+// the other on the *sql.Tx, and fn receives that *sql.Tx itself.
+
+// sqlErrors classifies the errors of PostgreSQL's database/sql drivers.
+type sqlErrors struct{}
+
+func (sqlErrors) Retryable(err error) bool {
+	code := pgerr.Code(err)
+	return code == pgerr.SerializationFailure || code == pgerr.DeadlockDetected
+}
+
+func (sqlErrors) LockTimeout(err error) bool { return pgerr.Code(err) == pgerr.LockNotAvailable }
+
+func (sqlErrors) Closed(err error) (string, bool) {
+	switch {
+	case errors.Is(err, sql.ErrTxDone):
+		return protocol.TxEnded, true
+	case err != nil && strings.Contains(err.Error(), "sql: database is closed"):
+		// database/sql's own error, which it does not export.
+		return protocol.PoolClosed, false
+	}
+	return "", false
+}
+
+// closedHandle explains an error of a closed *sql.DB or an ended *sql.Tx.
+func closedHandle(op string, err error) error {
+	return protocol.ClosedHandle(op, err, sqlErrors{}.Closed)
+}
+
+// sqlQuerier is what statements run on: a *sql.Tx or a *sql.DB.
+type sqlQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// run runs stmts on q one after the other, stopping at the first error.
+func run(ctx context.Context, q sqlQuerier, stmts []protocol.Stmt) error {
+	for i := range stmts {
+		if err := runOne(ctx, q, &stmts[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func runOne(ctx context.Context, q sqlQuerier, st *protocol.Stmt) error {
+	if st.Each != nil {
+		rows, err := q.QueryContext(ctx, st.SQL, st.Args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := st.Each(rows.Scan); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}
+	if st.Dest != nil {
+		err := q.QueryRowContext(ctx, st.SQL, st.Args...).Scan(st.Dest...)
+		if st.Found != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				*st.Found = false
+				return nil
+			}
+			*st.Found = err == nil
+		}
+		return err
+	}
+	res, err := q.ExecContext(ctx, st.SQL, st.Args...)
+	if err != nil || st.Affected == nil {
+		return err
+	}
+	*st.Affected, err = res.RowsAffected()
+	return err
+}
+
+// dbQuerier runs statements on a *sql.DB: a group of several in a
+// transaction of its own, committed when none failed.
+type dbQuerier struct{ db *sql.DB }
+
+func (q dbQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
+	if len(stmts) == 1 {
+		return runOne(ctx, q.db, &stmts[0])
+	}
+	tx, err := q.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := run(ctx, tx, stmts); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func (dbQuerier) InTx() bool { return false }
+
+// InTx reports true: the statements run in the caller's transaction.
+func (sqlTx) InTx() bool { return true }
+
+// sqlTx is a *sql.Tx to the protocol: the caller's (WithIdempotency) or one
+// of Do's (sqlOwn).
+type sqlTx struct{ tx *sql.Tx }
+
+func (t sqlTx) Run(ctx context.Context, stmts ...protocol.Stmt) error { return run(ctx, t.tx, stmts) }
+
+// Fn hands fn the *sql.Tx itself. database/sql's transaction is a struct,
+// so nothing can refuse its Commit and Rollback: the documentation of Do and
+// WithIdempotency says that fn must not call them, and the completion
+// reports it if fn did.
+func (t sqlTx) Fn() (*sql.Tx, func()) { return t.tx, func() {} }
+
+// sqlOwn is a transaction Do began.
+type sqlOwn struct {
+	sqlTx
+	ctx context.Context // what the transaction was begun with: database/sql ends it with ctx
+}
+
+func (o *sqlOwn) Commit(ctx context.Context, stmts ...protocol.Stmt) (unknown bool, err error) {
+	if err := run(ctx, o.tx, stmts); err != nil {
+		if errors.Is(err, sql.ErrTxDone) && o.ctx.Err() == nil {
+			return false, errFnEndedTx
+		}
+		return false, err
+	}
+	err = o.tx.Commit()
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		// database/sql returns the context's error itself only when the
+		// context ended before it sent anything.
+		return false, err
+	case errors.Is(err, sql.ErrTxDone):
+		// The context ended earlier, and database/sql rolled the
+		// transaction back then.
+		return false, err
+	case pgerr.Code(err) != "" || errors.Is(err, pgx.ErrTxCommitRollback):
+		return false, err // the server answered: nothing committed
+	default:
+		return true, err // the connection failed with COMMIT in flight
+	}
+}
+
+// errFnEndedTx is the completion's error when fn committed or rolled back
+// the *sql.Tx it was given.
+var errFnEndedTx = errors.New("idemsql: fn committed or rolled back the *sql.Tx it was given, so its writes (if committed) have no record of the key; fn must return instead")
+
+func (o *sqlOwn) Rollback(ctx context.Context, stmts ...protocol.Stmt) error {
+	err := run(ctx, o.tx, stmts)
+	if rerr := o.tx.Rollback(); err == nil && !errors.Is(rerr, sql.ErrTxDone) {
+		err = rerr
+	}
+	return err
+}
+
+func (o *sqlOwn) End(context.Context) { _ = o.tx.Rollback() }
+
+// sqlConn begins Do's transactions on the database.
+type sqlConn struct {
+	db   *sql.DB
+	opts pgx.TxOptions
+}
+
+func (c sqlConn) Begin(ctx context.Context, stmts ...protocol.Stmt) (protocol.Own[*sql.Tx], error) {
+	sopts, setTx, err := sqlTxOptions(c.opts)
+	if err != nil {
+		return nil, err
+	}
+	stx, err := c.db.BeginTx(ctx, &sopts)
+	if err != nil {
+		return nil, err
+	}
+	if setTx != "" {
+		stmts = append([]protocol.Stmt{{SQL: setTx}}, stmts...)
+	}
+	if err := run(ctx, stx, stmts); err != nil {
+		_ = stx.Rollback()
+		return nil, err
+	}
+	return &sqlOwn{sqlTx: sqlTx{tx: stx}, ctx: ctx}, nil
+}
+
+// Acquire returns the database itself: database/sql picks a connection for
+// each transaction.
+func (c sqlConn) Acquire(context.Context) (protocol.Conn[*sql.Tx], func(), error) {
+	return c, func() {}, nil
+}
