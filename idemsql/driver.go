@@ -204,3 +204,56 @@ func (c sqlConn) Begin(ctx context.Context, stmts ...protocol.Stmt) (protocol.Ow
 func (c sqlConn) Acquire(context.Context) (protocol.Conn[*sql.Tx], func(), error) {
 	return c, func() {}, nil
 }
+
+// DBTX runs statements: *sql.DB, *sql.Tx and *sql.Conn all satisfy it. The
+// calls that take one run in the caller's transaction when it is a *sql.Tx,
+// and otherwise each in a transaction of their own.
+type DBTX interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// querierOf is db to the protocol.
+func querierOf(db DBTX) protocol.Querier {
+	switch d := db.(type) {
+	case *sql.Tx:
+		return sqlTx{tx: d}
+	case *sql.DB:
+		return dbQuerier{db: d}
+	case *sql.Conn:
+		return connQuerier{conn: d}
+	}
+	return dbtxQuerier{db: db}
+}
+
+// connQuerier runs statements on one *sql.Conn, a group of several in a
+// transaction of its own.
+type connQuerier struct{ conn *sql.Conn }
+
+func (q connQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
+	if len(stmts) == 1 {
+		return runOne(ctx, q.conn, &stmts[0])
+	}
+	tx, err := q.conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := run(ctx, tx, stmts); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func (connQuerier) InTx() bool { return false }
+
+// dbtxQuerier runs statements on a DBTX of another type, one after the
+// other: it cannot begin a transaction, so it counts as the caller's.
+type dbtxQuerier struct{ db DBTX }
+
+func (q dbtxQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
+	return run(ctx, q.db, stmts)
+}
+
+func (dbtxQuerier) InTx() bool { return true }
