@@ -146,6 +146,10 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		t.Error("fn ran")
 		return 0, nil
 	}
+	sqlFn := func(context.Context, *sql.Tx) (int, error) {
+		t.Error("fn ran")
+		return 0, nil
+	}
 	machine, err := idem.NewStateMachine(idem.StateMachineConfig{
 		Table: "orders", IDColumn: "id", StateColumn: "status",
 		States: []string{"PENDING", "PAID"}, Transitions: map[string][]string{"PENDING": {"PAID"}},
@@ -218,6 +222,22 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			_, err := idemhttp.Middleware(db, idemhttp.Config{Scope: func(*http.Request) (string, error) { return "u", nil }})
 			return err
 		}),
+		"idemhttp.Pgx": beginner(func(db idem.TxBeginner) error {
+			_, err := idemhttp.New(idemhttp.Pgx(db), idemhttp.Config{Scope: func(*http.Request) (string, error) { return "u", nil }})
+			return err
+		}),
+		"idemhttp.SQL": {[]any{(*sql.DB)(nil)}, func(h any) error {
+			_, err := idemhttp.New(idemhttp.SQL(h.(*sql.DB)), idemhttp.Config{Scope: func(*http.Request) (string, error) { return "u", nil }})
+			return err
+		}},
+		"idemsql.Do": {[]any{(*sql.DB)(nil)}, func(h any) error {
+			_, err := idemsql.Do(ctx, h.(*sql.DB), key, sqlFn)
+			return err
+		}},
+		"idemsql.WithIdempotency": {[]any{(*sql.Tx)(nil)}, func(h any) error {
+			_, err := idemsql.WithIdempotency(ctx, h.(*sql.Tx), key, sqlFn)
+			return err
+		}},
 		"idemsql.Wrap": {[]any{(*sql.DB)(nil)}, func(h any) error {
 			_, err := idem.Do(ctx, idemsql.Wrap(h.(*sql.DB)), key, fn)
 			return err
@@ -285,7 +305,7 @@ func TestClosedHandlesAreExplained(t *testing.T) {
 		switch {
 		case !slices.Contains(c.handles, any((*pgxpool.Pool)(nil))), strings.HasPrefix(name, "idemsql."):
 			continue // takes no pool
-		case strings.HasPrefix(name, "idem.Lease."), name == "idem.Purger.DB", name == "idemhttp.Middleware",
+		case strings.HasPrefix(name, "idem.Lease."), name == "idem.Purger.DB", name == "idemhttp.Middleware", name == "idemhttp.Pgx",
 			strings.HasPrefix(name, "migrations."):
 			// A zero Lease is refused before its db is used; the Purger
 			// runs Purge until ctx ends; the middleware uses its pool per

@@ -142,9 +142,18 @@ const DefaultHoldTimeout = time.Minute
 var defaultRecordHeaders = []string{"Content-Type", "Content-Language", "Location", "Content-Location", "Allow", "Www-Authenticate"}
 
 // Middleware returns the idempotency middleware over db (normally a
-// *pgxpool.Pool). It fails when Scope is missing or a size is negative.
+// *pgxpool.Pool): New(Pgx(db), cfg). Handlers reach the request's
+// transaction with Tx. It fails when Scope is missing or a size is negative.
 func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler, error) {
-	if handle.Missing(db) || cfg.Scope == nil {
+	return New(Pgx(db), cfg)
+}
+
+// New returns the idempotency middleware over the database of d: Pgx for
+// pgx (handlers reach the request's transaction with Tx), SQL for
+// database/sql (SQLTx). It fails when d has no database, Scope is missing
+// or a size is negative.
+func New[TTx any](d Driver[TTx], cfg Config) (func(http.Handler) http.Handler, error) {
+	if handle.Missing(d) || cfg.Scope == nil {
 		return nil, fmt.Errorf("%w: idemhttp.Middleware needs a database and Config.Scope", idem.ErrInvalidOption)
 	}
 	if cfg.MaxRequestBody < 0 || cfg.MaxResponseBody < 0 || cfg.RetryAfter < 0 || cfg.TTL < 0 {
@@ -180,7 +189,7 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 	if cfg.HoldTimeout == 0 {
 		cfg.HoldTimeout = DefaultHoldTimeout
 	}
-	opts := []idem.DoOption{idem.WithCodec(responseCodec{}), idem.WithMaxResultSize(int(recordCap))}
+	opts := []idem.DoOption{idem.WithMaxResultSize(int(recordCap))}
 	if cfg.HoldTimeout > 0 {
 		opts = append(opts, idem.WithHoldTimeout(cfg.HoldTimeout))
 	}
@@ -195,7 +204,7 @@ func Middleware(db idem.TxBeginner, cfg Config) (func(http.Handler) http.Handler
 		cfg.RecordHeaders[i] = http.CanonicalHeaderKey(h)
 	}
 	return func(next http.Handler) http.Handler {
-		return &middleware{db: db, cfg: cfg, opts: opts, next: next}
+		return &middleware[TTx]{d: d, cfg: cfg, opts: opts, next: next}
 	}, nil
 }
 
@@ -222,15 +231,15 @@ func DefaultFingerprint(r *http.Request, body []byte) []byte {
 type txKey struct{}
 
 // Tx returns the request's transaction inside a handler wrapped by
-// Middleware, or nil when the request passed through without one. The
-// handler must not commit or roll it back.
+// Middleware (or New with Pgx), or nil when the request passed through
+// without one. The handler must not commit or roll it back.
 func Tx(ctx context.Context) pgx.Tx {
 	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
 	return tx
 }
 
-type middleware struct {
-	db   idem.TxBeginner
+type middleware[TTx any] struct {
+	d    Driver[TTx]
 	cfg  Config
 	opts []idem.DoOption
 	next http.Handler
@@ -257,20 +266,13 @@ var errTooLarge = errors.New("idemhttp: the response exceeds the recording limit
 // aborted by a failed statement.
 var errHandlerTxFailed = errors.New("idemhttp: the handler's transaction failed")
 
-// txFailed reports whether tx's connection says its transaction failed (a
-// statement errored). Transactions without a Conn report false.
-func txFailed(tx pgx.Tx) bool {
-	c := tx.Conn()
-	return c != nil && c.PgConn().TxStatus() == 'E'
-}
-
 // recordable reports whether a response with status is recorded: 2xx-4xx
 // except 408, 409 and 429, which a client retries.
 func recordable(status int) bool {
 	return status < 500 && status != http.StatusRequestTimeout && status != http.StatusConflict && status != http.StatusTooManyRequests
 }
 
-func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !slices.Contains(m.cfg.Methods, r.Method) {
 		m.next.ServeHTTP(w, r)
 		return
@@ -321,28 +323,28 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ikey := idem.Key{Scope: scope, ID: key, Fingerprint: m.cfg.Fingerprint(r, body)}
 
 	var last *recorder // this request's latest execution of the handler
-	res, err := idem.Do(r.Context(), m.db, ikey, func(ctx context.Context, tx pgx.Tx) (response, error) {
+	res, err := m.d.Do(r.Context(), ikey, func(ctx context.Context, tx TTx) ([]byte, error) {
 		rec := newRecorder(m.cfg.MaxResponseBody, w)
-		rec.aborted = func() bool { return txFailed(tx) }
+		rec.aborted = func() bool { return m.d.Aborted(tx) }
 		last = rec
 		req := r.WithContext(context.WithValue(ctx, txKey{}, tx))
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		m.next.ServeHTTP(rec, req)
 		if rec.tooLarge {
-			return response{}, errTooLarge
+			return nil, errTooLarge
 		}
 		resp := rec.response(m.cfg.RecordHeaders)
 		if !recordable(resp.Status) {
 			resp.Header = rec.header // the client gets every header, as sent
-			return response{}, &notRecorded{resp: resp}
+			return nil, &notRecorded{resp: resp}
 		}
-		if txFailed(tx) {
+		if m.d.Aborted(tx) {
 			// A statement of the handler failed: nothing can commit
-			// (database/sql adapters without Conn fail at the
-			// completion instead, with SQLSTATE 25P02, handled below).
-			return response{}, errHandlerTxFailed
+			// (database/sql, which cannot tell, fails at the completion
+			// instead, with SQLSTATE 25P02, handled below).
+			return nil, errHandlerTxFailed
 		}
-		return resp, nil
+		return responseCodec{}.Marshal(resp)
 	}, m.opts...)
 	if last != nil && (errors.Is(err, errHandlerTxFailed) || pgerr.Code(err) == pgerr.InFailedTx) {
 		resp := last.response(nil)
@@ -357,10 +359,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
+	var resp response
+	if err == nil {
+		err = responseCodec{}.Unmarshal(res.Value, &resp)
+	}
 	var nr *notRecorded
 	switch {
 	case err == nil:
-		resp := res.Value
 		if res.Replayed {
 			w.Header().Set(ReplayedHeader, "true")
 		} else {

@@ -61,7 +61,7 @@ func TestMiddlewareConfigDefaults(t *testing.T) {
 
 	mw, err := Middleware(noDatabase(t), Config{Scope: scopeHeader})
 	require.NoError(t, err)
-	cfg := mw(http.NotFoundHandler()).(*middleware).cfg
+	cfg := mw(http.NotFoundHandler()).(*middleware[pgx.Tx]).cfg
 	require.Equal(t, []string{http.MethodPost, http.MethodPatch}, cfg.Methods)
 	require.Equal(t, int64(1<<20), cfg.MaxRequestBody)
 	require.Equal(t, int64(1<<20), cfg.MaxResponseBody)
@@ -74,7 +74,7 @@ func TestMiddlewareConfigDefaults(t *testing.T) {
 	mine := []string{"x-request-id", "content-type"}
 	mw, err = Middleware(noDatabase(t), Config{Scope: scopeHeader, RecordHeaders: mine})
 	require.NoError(t, err)
-	cfg = mw(http.NotFoundHandler()).(*middleware).cfg
+	cfg = mw(http.NotFoundHandler()).(*middleware[pgx.Tx]).cfg
 	require.Equal(t, []string{"X-Request-Id", "Content-Type"}, cfg.RecordHeaders)
 	require.Equal(t, []string{"x-request-id", "content-type"}, mine)
 }
