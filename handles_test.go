@@ -155,6 +155,11 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		States: []string{"PENDING", "PAID"}, Transitions: map[string][]string{"PENDING": {"PAID"}},
 	})
 	require.NoError(t, err)
+	sqlMachine, err := idemsql.NewStateMachine(idem.StateMachineConfig{
+		Table: "orders", IDColumn: "id", StateColumn: "status",
+		States: []string{"PENDING", "PAID"}, Transitions: map[string][]string{"PENDING": {"PAID"}},
+	})
+	require.NoError(t, err)
 	lease := new(idem.Lease[int])
 	ins := idem.Query{SQL: "INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING RETURNING 1"}
 	get := idem.Query{SQL: "SELECT 1 FROM t"}
@@ -236,6 +241,10 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		}},
 		"idemsql.WithIdempotency": {[]any{(*sql.Tx)(nil)}, func(h any) error {
 			_, err := idemsql.WithIdempotency(ctx, h.(*sql.Tx), key, sqlFn)
+			return err
+		}},
+		"idemsql.StateMachine.Transition": {[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error {
+			_, err := sqlMachine.Transition(ctx, as[idemsql.DBTX](h), 1, "PAID")
 			return err
 		}},
 		"idemsql.Wrap": {[]any{(*sql.DB)(nil)}, func(h any) error {

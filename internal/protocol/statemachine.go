@@ -1,0 +1,469 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/idemkit/idem/internal/ident"
+)
+
+// The state machine: a business table whose state column moves only along
+// allowed transitions, each one conditional UPDATE. The root package
+// (idem.StateMachine) and idemsql (idemsql.StateMachine) are fronts on
+// Machine.
+//
+// The statements bind the source states one parameter each ($3, $4, ...),
+// never as an array, so that every driver binds them: database/sql's drivers
+// cannot send a Go slice.
+
+// The state machine's sentinel errors. The root package exports each under
+// its own name.
+var (
+	ErrInvalidTransition = errors.New("idem: invalid transition")
+	ErrVersionConflict   = errors.New("idem: version conflict")
+)
+
+// MachineConfig is idem.StateMachineConfig, field for field, so that each
+// converts to the other.
+type MachineConfig struct {
+	Schema        string
+	Table         string
+	IDColumn      string
+	StateColumn   string
+	States        []string
+	Transitions   map[string][]string
+	VersionColumn string
+	HistoryTable  string
+}
+
+// Machine runs conditional-UPDATE transitions on one table. It is safe for
+// concurrent use.
+type Machine struct {
+	cfg     MachineConfig
+	table   string // quoted, qualified
+	history string // quoted, qualified, or ""
+	id      string // quoted column names
+	state   string
+	version string              // or ""
+	from    map[string][]string // to → the states that may reach it, sorted
+	states  map[string]bool
+	plain   map[string]string // to → the statement without options
+	read    string
+}
+
+// TransitionResult is idem.TransitionResult, field for field.
+type TransitionResult struct {
+	From    string
+	To      string
+	Applied bool
+	Version int64
+}
+
+// TransitionError is idem.TransitionError: a transition the row's current
+// state (or version) does not allow. It matches ErrInvalidTransition, or
+// ErrVersionConflict when ExpectVersion did not match.
+type TransitionError struct {
+	ID      any    // the row's id
+	Current string // the row's current state
+	Wanted  string // the state asked for
+	// ExpectedVersion and CurrentVersion are set for version conflicts.
+	ExpectedVersion, CurrentVersion int64
+	versionConflict                 bool
+}
+
+// Error describes the row, its current state and the refused move.
+func (e *TransitionError) Error() string {
+	if e.versionConflict {
+		return fmt.Sprintf("idem: row %v is at version %d (state %q), not %d: cannot move it to %q",
+			e.ID, e.CurrentVersion, e.Current, e.ExpectedVersion, e.Wanted)
+	}
+	return fmt.Sprintf("idem: row %v is %q, which cannot move to %q", e.ID, e.Current, e.Wanted)
+}
+
+// Is matches ErrInvalidTransition, and ErrVersionConflict for version
+// conflicts.
+func (e *TransitionError) Is(target error) bool {
+	return target == ErrInvalidTransition || (e.versionConflict && target == ErrVersionConflict)
+}
+
+// NewMachine validates cfg and returns the machine. It fails (matching
+// ErrInvalidOption) on unsafe identifiers, an empty transition set, a
+// transition from or to a state not in States, or a duplicate state.
+func NewMachine(cfg MachineConfig) (*Machine, error) {
+	bad := func(format string, args ...any) (*Machine, error) {
+		return nil, fmt.Errorf("%w: state machine: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
+	for _, n := range []struct{ what, name string }{
+		{"Table", cfg.Table}, {"IDColumn", cfg.IDColumn}, {"StateColumn", cfg.StateColumn},
+	} {
+		if !ident.Plain(n.name, 63) {
+			return bad("%s %q is not a plain identifier", n.what, n.name)
+		}
+	}
+	for _, n := range []struct{ what, name string }{
+		{"Schema", cfg.Schema}, {"VersionColumn", cfg.VersionColumn}, {"HistoryTable", cfg.HistoryTable},
+	} {
+		if n.name != "" && !ident.Plain(n.name, 63) {
+			return bad("%s %q is not a plain identifier", n.what, n.name)
+		}
+	}
+	if len(cfg.States) == 0 {
+		return bad("no States")
+	}
+	if len(cfg.Transitions) == 0 {
+		return bad("no Transitions")
+	}
+	m := &Machine{
+		cfg:    cfg,
+		id:     quote(cfg.IDColumn),
+		state:  quote(cfg.StateColumn),
+		from:   map[string][]string{},
+		states: map[string]bool{},
+	}
+	for _, s := range cfg.States {
+		if s == "" {
+			return bad("an empty state name")
+		}
+		if m.states[s] {
+			return bad("state %q listed twice", s)
+		}
+		m.states[s] = true
+	}
+	total := 0
+	for from, tos := range cfg.Transitions {
+		if !m.states[from] {
+			return bad("transition from unknown state %q", from)
+		}
+		for _, to := range tos {
+			if !m.states[to] {
+				return bad("transition %q -> %q: unknown state %q", from, to, to)
+			}
+			if from == to {
+				return bad("transition %q -> %q goes nowhere", from, to)
+			}
+			if !slices.Contains(m.from[to], from) {
+				m.from[to] = append(m.from[to], from)
+				total++
+			}
+		}
+	}
+	if total == 0 {
+		return bad("Transitions allow no move")
+	}
+	for _, f := range m.from {
+		slices.Sort(f)
+	}
+	m.table = ident.Qualified(cfg.Schema, cfg.Table)
+	if cfg.HistoryTable != "" {
+		m.history = ident.Qualified(cfg.Schema, cfg.HistoryTable)
+	}
+	if cfg.VersionColumn != "" {
+		m.version = quote(cfg.VersionColumn)
+	}
+	// Build the common statements once.
+	m.read = m.readSQL()
+	m.plain = map[string]string{}
+	for _, to := range cfg.States {
+		m.plain[to] = m.transitionSQL(to, &TransitionCall{})
+	}
+	return m, nil
+}
+
+// quote quotes a plain identifier (NewMachine and Set check that it is one).
+func quote(name string) string { return ident.Qualified("", name) }
+
+// TransitionCall is what one Transition call's options set. The fronts'
+// TransitionOption is a func(*TransitionCall).
+type TransitionCall struct {
+	sets          []setColumn
+	expectVersion *int64
+	err           error
+}
+
+type setColumn struct {
+	column string
+	value  any
+}
+
+// Set also sets column to value in the same UPDATE (idem.Set).
+func (c *TransitionCall) Set(column string, value any) {
+	if !ident.Plain(column, 63) {
+		if c.err == nil {
+			c.err = fmt.Errorf("%w: Set: %q is not a plain identifier", ErrInvalidOption, column)
+		}
+		return
+	}
+	c.sets = append(c.sets, setColumn{column, value})
+}
+
+// ExpectVersion makes the transition apply only at version v
+// (idem.ExpectVersion).
+func (c *TransitionCall) ExpectVersion(v int64) { c.expectVersion = &v }
+
+// NewTransitionCall applies opts, skipping nil ones.
+func NewTransitionCall[O ~func(*TransitionCall)](opts []O) *TransitionCall {
+	c := &TransitionCall{}
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
+	return c
+}
+
+// Transition moves row id to state to, if the machine allows it from the
+// row's current state, in one conditional UPDATE (with the history row,
+// when configured, in the same statement); see idem.StateMachine.Transition
+// for the outcomes. q is nil when the front was given no usable handle;
+// closed is the driver's Errors.Closed.
+func (m *Machine) Transition(ctx context.Context, q Querier, closed func(error) (string, bool), id any, to string, call *TransitionCall) (TransitionResult, error) {
+	res := TransitionResult{To: to}
+	if m == nil {
+		return res, fmt.Errorf("%w: Transition on a nil *StateMachine (did NewStateMachine fail?)", ErrInvalidOption)
+	}
+	if !m.states[to] {
+		return res, fmt.Errorf("%w: state %q is not one of the machine's states", ErrInvalidOption, to)
+	}
+	if q == nil {
+		return res, fmt.Errorf("%w: Transition needs a database", ErrInvalidOption)
+	}
+	if call == nil {
+		call = &TransitionCall{}
+	}
+	if call.err != nil {
+		return res, call.err
+	}
+	if call.expectVersion != nil && m.version == "" {
+		return res, fmt.Errorf("%w: ExpectVersion needs a VersionColumn", ErrInvalidOption)
+	}
+	for _, s := range call.sets {
+		if s.column == m.cfg.IDColumn || s.column == m.cfg.StateColumn || s.column == m.cfg.VersionColumn {
+			return res, fmt.Errorf("%w: Set(%q): the machine owns that column", ErrInvalidOption, s.column)
+		}
+	}
+	allowed := m.from[to]
+
+	sql := m.plain[to]
+	if len(call.sets) > 0 || call.expectVersion != nil {
+		sql = m.transitionSQL(to, call)
+	}
+	args := m.args(id, to, call)
+	var (
+		found, applied bool
+		current, prev  *string
+		version        *int64
+	)
+	if len(allowed) == 1 {
+		// One state may reach to, so the previous state is known: a plain
+		// guarded UPDATE, and a read only when it changed nothing.
+		if err := q.Run(ctx, Stmt{SQL: sql, Args: args, Dest: []any{&version}, Found: &applied}); err != nil {
+			return res, ClosedHandle("Transition", err, closed)
+		}
+		if applied {
+			found, prev = true, &allowed[0]
+		} else if err := q.Run(ctx, Stmt{SQL: m.read, Args: []any{id}, Dest: []any{&current, &version}, Found: &found}); err != nil {
+			return res, ClosedHandle("Transition", err, closed)
+		}
+	} else {
+		// Several states (or none) may reach to: lock the row, read its
+		// state, and update it if allowed, in one statement.
+		if err := q.Run(ctx, Stmt{SQL: sql, Args: args, Dest: []any{&found, &current, &applied, &prev, &version}}); err != nil {
+			return res, ClosedHandle("Transition", err, closed)
+		}
+	}
+	if !found {
+		return res, fmt.Errorf("%w: no row of %s with %s = %v", ErrNotFound, m.cfg.Table, m.cfg.IDColumn, id)
+	}
+	if version != nil {
+		res.Version = *version
+	}
+	if applied {
+		res.Applied = true
+		res.From = deref(prev)
+		return res, nil
+	}
+	res.From = deref(current)
+	if call.expectVersion != nil {
+		exp := *call.expectVersion
+		if res.From == to && res.Version == exp+1 {
+			return res, nil // this writer's transition, already applied
+		}
+		if res.Version != exp {
+			return res, &TransitionError{ID: id, Current: res.From, Wanted: to,
+				ExpectedVersion: exp, CurrentVersion: res.Version, versionConflict: true}
+		}
+	}
+	if res.From == to {
+		return res, nil
+	}
+	return res, &TransitionError{ID: id, Current: res.From, Wanted: to}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// args are a transition's parameters, in the order transitionSQL numbers
+// them: $1 the id, $2 the state asked for, $3... the states that may reach
+// it, then the values of Set, then the expected version.
+func (m *Machine) args(id any, to string, call *TransitionCall) []any {
+	from := m.from[to]
+	args := make([]any, 0, 2+len(from)+len(call.sets)+1)
+	args = append(args, id, to)
+	for _, f := range from {
+		args = append(args, f)
+	}
+	for _, s := range call.sets {
+		args = append(args, s.value)
+	}
+	if call.expectVersion != nil {
+		args = append(args, *call.expectVersion)
+	}
+	return args
+}
+
+// transitionSQL is the statement of a transition to to, with call's
+// options. A state one state may reach gets a guarded UPDATE that returns
+// the new version, or no row when it changed nothing. Any other state gets
+// a statement that locks the row, reads its state, updates it if allowed,
+// and returns the current state either way. Both write the history row, when
+// configured, in the same statement.
+func (m *Machine) transitionSQL(to string, call *TransitionCall) string {
+	from := m.from[to]
+	n := 2 + len(from) // the last parameter so far
+	var set strings.Builder
+	set.WriteString(m.state + " = $2")
+	if m.version != "" {
+		set.WriteString(", " + m.version + " = t." + m.version + " + 1")
+	}
+	for _, s := range call.sets {
+		n++
+		fmt.Fprintf(&set, ", %s = $%d", quote(s.column), n)
+	}
+	versionRet := "NULL::bigint"
+	if m.version != "" {
+		versionRet = "t." + m.version + "::bigint"
+	}
+	if len(from) == 1 {
+		guard := ""
+		if call.expectVersion != nil {
+			guard = fmt.Sprintf(" AND t.%s = $%d", m.version, n+1)
+		}
+		update := fmt.Sprintf(`UPDATE %s AS t SET %s WHERE t.%s = $1 AND t.%s::text = $3::text%s RETURNING `,
+			m.table, set.String(), m.id, m.state, guard)
+		if m.history == "" {
+			return update + versionRet
+		}
+		update += fmt.Sprintf("t.%s AS id, %s AS version", m.id, versionRet)
+		return fmt.Sprintf(`WITH upd AS (%s), hist AS (
+	INSERT INTO %s (entity_id, from_state, to_state, version, changed_at)
+	SELECT id, $3, $2, version, now() FROM upd
+)
+SELECT version FROM upd`, update, m.history)
+	}
+
+	// The states that may reach to, one text parameter each; none: false.
+	allowed := "false"
+	if len(from) > 0 {
+		params := make([]string, len(from))
+		for i := range from {
+			params[i] = fmt.Sprintf("$%d::text", 3+i)
+		}
+		allowed = "cur.state IN (" + strings.Join(params, ", ") + ")"
+	}
+	versionSel, guard := "NULL::bigint", ""
+	if m.version != "" {
+		versionSel = m.version + "::bigint"
+		if call.expectVersion != nil {
+			guard = fmt.Sprintf(" AND cur.version = $%d", n+1)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `WITH cur AS (
+	SELECT %[2]s AS id, %[3]s::text AS state, %[4]s AS version FROM %[1]s WHERE %[2]s = $1 FOR UPDATE
+), upd AS (
+	UPDATE %[1]s AS t SET %[5]s FROM cur
+	WHERE t.%[2]s = cur.id AND %[6]s%[7]s
+	RETURNING cur.state AS prev, %[8]s AS version
+)`, m.table, m.id, m.state, versionSel, set.String(), allowed, guard, versionRet)
+	if m.history != "" {
+		fmt.Fprintf(&b, `, hist AS (
+	INSERT INTO %s (entity_id, from_state, to_state, version, changed_at)
+	SELECT cur.id, upd.prev, $2, upd.version, now() FROM upd, cur
+)`, m.history)
+	}
+	b.WriteString(`
+SELECT EXISTS (SELECT FROM cur), (SELECT state FROM cur), EXISTS (SELECT FROM upd),
+	(SELECT prev FROM upd), coalesce((SELECT version FROM upd), (SELECT version FROM cur))`)
+	return b.String()
+}
+
+// readSQL reads a row's state and version.
+func (m *Machine) readSQL() string {
+	version := "NULL::bigint"
+	if m.version != "" {
+		version = m.version + "::bigint"
+	}
+	return fmt.Sprintf(`SELECT %s::text, %s FROM %s WHERE %s = $1`, m.state, version, m.table, m.id)
+}
+
+// Sources maps each state to the states that may reach it, sorted. The
+// caller must not modify it.
+func (m *Machine) Sources() map[string][]string { return m.from }
+
+// HistoryTableDDL returns a CREATE TABLE statement for the machine's
+// history table, with entity_id of type idType, or "" when the machine has
+// none (or is nil).
+func (m *Machine) HistoryTableDDL(idType string) string {
+	if m == nil || m.history == "" {
+		return ""
+	}
+	return `CREATE TABLE IF NOT EXISTS ` + m.history + ` (
+	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	entity_id  ` + idType + ` NOT NULL,
+	from_state text NOT NULL,
+	to_state   text NOT NULL,
+	version    bigint,
+	changed_at timestamptz NOT NULL DEFAULT now()
+)`
+}
+
+// Allowed reports whether the machine lets a row move from one state to
+// another. A nil machine allows nothing.
+func (m *Machine) Allowed(from, to string) bool {
+	return m != nil && slices.Contains(m.from[to], from)
+}
+
+// Mermaid renders the machine as a Mermaid state diagram, states and
+// transitions in a stable order. A nil machine has no states.
+func (m *Machine) Mermaid() string {
+	var b strings.Builder
+	b.WriteString("stateDiagram-v2\n")
+	if m == nil {
+		return b.String()
+	}
+	for _, from := range m.cfg.States {
+		tos := slices.Clone(m.cfg.Transitions[from])
+		slices.Sort(tos)
+		for _, to := range slices.Compact(tos) {
+			fmt.Fprintf(&b, "    %s --> %s\n", mermaidName(from), mermaidName(to))
+		}
+	}
+	return b.String()
+}
+
+// mermaidName keeps a state usable as a Mermaid identifier.
+func mermaidName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, s)
+}
