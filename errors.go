@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/idemkit/idem/internal/pgerr"
@@ -55,7 +54,7 @@ var (
 
 	// ErrInvalidTransition means a state machine was asked for a transition
 	// its rules do not allow from the row's current state.
-	ErrInvalidTransition = errors.New("idem: invalid transition")
+	ErrInvalidTransition = protocol.ErrInvalidTransition
 
 	// ErrResultTooLarge means fn's encoded result (or a lease's checkpoint
 	// data) is larger than the limit WithMaxResultSize sets. Nothing is

@@ -80,10 +80,6 @@ type TransitionError = protocol.TransitionError
 // expected (see ExpectVersion): another writer changed it first.
 var ErrVersionConflict = protocol.ErrVersionConflict
 
-// The protocol's TransitionError matches its own ErrInvalidTransition;
-// make it the root's value, which errors.go declares.
-func init() { protocol.ErrInvalidTransition = ErrInvalidTransition }
-
 // NewStateMachine validates cfg and returns the machine. It fails (matching
 // ErrInvalidOption) on unsafe identifiers, an empty transition set, a
 // transition from or to a state not in States, or a duplicate state.
