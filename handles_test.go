@@ -161,6 +161,10 @@ func handleCalls(t *testing.T) map[string]handleCall {
 	})
 	require.NoError(t, err)
 	lease := new(idem.Lease[int])
+	sqlLease := new(idemsql.Lease[int])
+	sqlLeaseDB := func(call func(db idemsql.DBTX) error) handleCall {
+		return handleCall{[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error { return call(as[idemsql.DBTX](h)) }}
+	}
 	ins := idem.Query{SQL: "INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING RETURNING 1"}
 	get := idem.Query{SQL: "SELECT 1 FROM t"}
 	var dest int
@@ -239,6 +243,22 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			_, err := idemsql.Do(ctx, h.(*sql.DB), key, sqlFn)
 			return err
 		}},
+		"idemsql.Claim": sqlLeaseDB(func(db idemsql.DBTX) error {
+			_, _, err := idemsql.Claim[int](ctx, db, key, time.Minute)
+			return err
+		}),
+		"idemsql.Lease.Extend":    sqlLeaseDB(func(db idemsql.DBTX) error { return sqlLease.Extend(ctx, db) }),
+		"idemsql.Lease.KeepAlive": sqlLeaseDB(func(db idemsql.DBTX) error { _, stop := sqlLease.KeepAlive(ctx, db); return stop() }),
+		"idemsql.Lease.Checkpoint": sqlLeaseDB(func(db idemsql.DBTX) error {
+			return sqlLease.Checkpoint(ctx, db, "charging", nil)
+		}),
+		"idemsql.Lease.Complete": sqlLeaseDB(func(db idemsql.DBTX) error { return sqlLease.Complete(ctx, db, 1) }),
+		"idemsql.Lease.Fail":     sqlLeaseDB(func(db idemsql.DBTX) error { return sqlLease.Fail(ctx, db, errors.New("declined")) }),
+		"idemsql.Lease.Release":  sqlLeaseDB(func(db idemsql.DBTX) error { return sqlLease.Release(ctx, db) }),
+		"idemsql.IssueToken": sqlLeaseDB(func(db idemsql.DBTX) error {
+			_, err := idemsql.IssueToken(ctx, db, "user:1", time.Minute)
+			return err
+		}),
 		"idemsql.WithIdempotency": {[]any{(*sql.Tx)(nil)}, func(h any) error {
 			_, err := idemsql.WithIdempotency(ctx, h.(*sql.Tx), key, sqlFn)
 			return err

@@ -49,14 +49,7 @@ func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, o
 		return "", err
 	}
 	defer cfg.ExplainMissingTable(&err)
-	token, err := protocol.NewToken(scope)
-	if err != nil {
-		return "", err
-	}
-	if _, err := db.Exec(ctx, cfg.Q.Issue, scope, token, ttl.Microseconds()); err != nil {
-		return "", closedHandle("IssueToken", err)
-	}
-	return token, nil
+	return protocol.IssueToken(ctx, pgxErrors{}, pgxQuerier{db: db}, scope, ttl, &cfg)
 }
 
 // RequireIssued makes WithIdempotency, Do and Claim accept only keys that
