@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -15,9 +14,6 @@ import (
 // DefaultInboxTable is the consume-once table's name unless WithInboxTable
 // says otherwise. migrations.Up creates it.
 const DefaultInboxTable = protocol.DefaultInboxTable
-
-// spInbox is ConsumeOnce's savepoint.
-const spInbox = "idem_inbox"
 
 // ConsumeOnce runs fn for a message at most once per consumer, inside the
 // caller's transaction tx, and reports whether fn ran.
@@ -50,48 +46,7 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 	if err != nil {
 		return false, err
 	}
-	defer cfg.ExplainMissingTable(&err)
-	inserted := false
-	b := &pgx.Batch{}
-	b.Queue("SAVEPOINT " + spInbox)
-	b.Queue(cfg.Inbox.Insert, consumer, messageID).QueryRow(func(r pgx.Row) error {
-		err := r.Scan(&inserted)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		return err
-	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return false, closedHandle("ConsumeOnce", err)
-	}
-	if !inserted {
-		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spInbox); err != nil {
-			return false, err
-		}
-		return false, nil
-	}
-
-	g := newGuard(tx)
-	_, fnErr, panicked := protocol.CallFn[pgx.Tx](ctx, g, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		return struct{}{}, fn(ctx, tx)
-	})
-	g.close()
-	if panicked != nil || fnErr != nil {
-		cctx, cancel := protocol.CleanupContext(ctx)
-		rerr := rollbackTo(cctx, tx, spInbox)
-		cancel()
-		if panicked != nil {
-			panic(panicked)
-		}
-		if rerr != nil {
-			rerr = fmt.Errorf("idem: undoing the consumed message (roll the transaction back): %w", rerr)
-		}
-		return false, errors.Join(fnErr, rerr)
-	}
-	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spInbox); err != nil {
-		return false, err
-	}
-	return true, nil
+	return protocol.ConsumeOnce(ctx, pgxErrors{}, pgxTx{tx: tx}, consumer, messageID, fn, &cfg)
 }
 
 // purgeInbox deletes inbox rows consumed more than olderThan ago, in

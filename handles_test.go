@@ -263,6 +263,21 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			_, err := idemsql.WithIdempotency(ctx, h.(*sql.Tx), key, sqlFn)
 			return err
 		}},
+		"idemsql.ConsumeOnce": {[]any{(*sql.Tx)(nil)}, func(h any) error {
+			_, err := idemsql.ConsumeOnce(ctx, h.(*sql.Tx), "c", "m-1", func(context.Context, *sql.Tx) error {
+				t.Error("fn ran")
+				return nil
+			})
+			return err
+		}},
+		"idemsql.InsertOrGet": {[]any{(*sql.DB)(nil)}, func(h any) error {
+			_, err := idemsql.InsertOrGet(ctx, h.(*sql.DB), ins, get, &dest)
+			return err
+		}},
+		"idemsql.InsertOrGetTx": {[]any{(*sql.Tx)(nil)}, func(h any) error {
+			_, err := idemsql.InsertOrGetTx(ctx, h.(*sql.Tx), ins, get, &dest)
+			return err
+		}},
 		"idemsql.StateMachine.Transition": {[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error {
 			_, err := sqlMachine.Transition(ctx, as[idemsql.DBTX](h), 1, "PAID")
 			return err

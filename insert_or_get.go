@@ -1,8 +1,6 @@
 package idem
 
 import (
-	"github.com/idemkit/idem/internal/protocol"
-
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // Query is one SQL statement with its arguments.
@@ -39,27 +38,8 @@ func InsertOrGet(ctx context.Context, db DBTX, insert, lookup Query, dest ...any
 	if handle.Missing(db) || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGet needs a database, an insert and a lookup", ErrInvalidOption)
 	}
-	for range protocol.MaxClaimTries {
-		err := db.QueryRow(ctx, insert.SQL, insert.Args...).Scan(dest...)
-		if err == nil {
-			return true, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return false, closedHandle("InsertOrGet", err)
-		}
-		err = db.QueryRow(ctx, lookup.SQL, lookup.Args...).Scan(dest...)
-		if err == nil {
-			return false, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return false, err
-		}
-	}
-	return false, errors.New("idem: InsertOrGet: the row kept vanishing between the insert and the lookup")
+	return protocol.InsertOrGet(ctx, pgxErrors{}, pgxQuerier{db: db}, protocol.Query(insert), protocol.Query(lookup), dest)
 }
-
-// spCreate is InsertOrGetTx's savepoint.
-const spCreate = "idem_create"
 
 // InsertOrGetTx is InsertOrGet for a plain INSERT ... RETURNING that the
 // caller cannot change to ON CONFLICT DO NOTHING: the insert runs in a
@@ -72,56 +52,14 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 	if handle.Missing(tx) || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGetTx needs a transaction, an insert and a lookup", ErrInvalidOption)
 	}
-	for range protocol.MaxClaimTries {
-		inserted := false
-		b := &pgx.Batch{}
-		b.Queue("SAVEPOINT " + spCreate)
-		b.Queue(insert.SQL, insert.Args...).QueryRow(func(r pgx.Row) error {
-			err := r.Scan(dest...)
-			inserted = err == nil
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // it had its own ON CONFLICT DO NOTHING
-			}
-			return err
-		})
-		err := closedHandle("InsertOrGetTx", tx.SendBatch(ctx, b).Close())
-		if err == nil && inserted {
-			// Released only now, so that a failed scan is rolled back too.
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+spCreate); err != nil {
-				return false, err
-			}
-			return true, nil
-		}
-		if err != nil && pgerr.Code(err) == "" && tx.Conn() != nil && tx.Conn().IsClosed() {
-			return false, err // the connection is gone
-		}
-		if rerr := rollbackTo(ctx, tx, spCreate); rerr != nil {
-			return false, errors.Join(err, rerr)
-		}
-		if err != nil {
-			if _, ok := UniqueViolation(err); !ok {
-				return false, err
-			}
-		}
-		err = tx.QueryRow(ctx, lookup.SQL, lookup.Args...).Scan(dest...)
-		if err == nil {
-			return false, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return false, err
-		}
-		// The row that conflicted is not visible: deleted since, or, under
-		// REPEATABLE READ and SERIALIZABLE, committed after the snapshot.
-		var iso string
-		if err := tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil {
-			return false, err
-		}
-		if iso != "read committed" {
-			return false, &pgconn.PgError{Code: pgerr.SerializationFailure,
-				Message: "idem: InsertOrGetTx: the existing row was committed after this transaction's snapshot; retry the transaction"}
-		}
+	gone := func() bool { c := tx.Conn(); return c != nil && c.IsClosed() }
+	created, err = protocol.InsertOrGetTx(ctx, pgxErrors{}, pgxTx{tx: tx}, gone, protocol.Query(insert), protocol.Query(lookup), dest)
+	var snap *protocol.SnapshotError
+	if errors.As(err, &snap) {
+		// As pgx reports a serialization failure of the server's.
+		return false, &pgconn.PgError{Code: pgerr.SerializationFailure, Message: protocol.SnapshotMessage}
 	}
-	return false, errors.New("idem: InsertOrGetTx: the row kept vanishing between the insert and the lookup")
+	return created, err
 }
 
 // UniqueViolation reports whether err is a unique violation (SQLSTATE
