@@ -186,6 +186,11 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			return conn(h.(*pgx.Conn))
 		}}
 	}
+	// sqlOps calls a Purge or inspection call of idemsql with its nil
+	// handles.
+	sqlOps := func(call func(db idemsql.DBTX) error) handleCall {
+		return handleCall{[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error { return call(as[idemsql.DBTX](h)) }}
+	}
 	return map[string]handleCall{
 		"idem.Do": beginner(func(db idem.TxBeginner) error { _, err := idem.Do(ctx, db, key, fn); return err }),
 		"idem.WithIdempotency": inTx(func(tx pgx.Tx) error {
@@ -281,6 +286,14 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		"idemsql.StateMachine.Transition": {[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error {
 			_, err := sqlMachine.Transition(ctx, as[idemsql.DBTX](h), 1, "PAID")
 			return err
+		}},
+		"idemsql.Lookup":       sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Lookup(ctx, db, "s", "k"); return err }),
+		"idemsql.Stuck":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Stuck(ctx, db, 10); return err }),
+		"idemsql.CountExpired": sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
+		"idemsql.TableStats":   sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
+		"idemsql.Purge":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemsql.Purger.DB": {[]any{(*sql.DB)(nil)}, func(h any) error {
+			return (&idemsql.Purger{DB: h.(*sql.DB)}).Run(ctx)
 		}},
 		"idemsql.Wrap": {[]any{(*sql.DB)(nil)}, func(h any) error {
 			_, err := idem.Do(ctx, idemsql.Wrap(h.(*sql.DB)), key, fn)

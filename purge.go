@@ -1,19 +1,11 @@
 package idem
 
 import (
-	"github.com/idemkit/idem/internal/protocol"
-
 	"context"
-	"fmt"
-	"math/rand/v2"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/handle"
-	"github.com/idemkit/idem/internal/pgerr"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // PurgeParams configures Purge. The zero value purges expired records in
@@ -53,26 +45,12 @@ type PurgeParams struct {
 	Hooks Hooks
 }
 
-// pacer spreads a purge's batches to at most rate rows per second on
-// average since start.
-type pacer struct {
-	rate    int
-	start   time.Time
-	deleted int64
-}
+// pacer is what consume_once.go's purgeInbox, which Purge no longer calls,
+// still names: Purge's pacing is protocol.Pacer.
+type pacer struct{ p protocol.Pacer }
 
 // wait records n more deleted rows and sleeps until they are due.
-func (p *pacer) wait(ctx context.Context, n int64) error {
-	p.deleted += n
-	if p.rate <= 0 {
-		return nil
-	}
-	due := p.start.Add(time.Duration(float64(p.deleted) / float64(p.rate) * float64(time.Second)))
-	if d := time.Until(due); d > 0 {
-		return backoff.Sleep(ctx, d)
-	}
-	return nil
-}
+func (p *pacer) wait(ctx context.Context, n int64) error { return p.p.Wait(ctx, n) }
 
 // Purge deletes expired records (expires_at passed, by the database clock)
 // in batches until none is left, and returns how many rows it deleted
@@ -94,105 +72,29 @@ func (p *pacer) wait(ctx context.Context, n int64) error {
 // nil db or a negative value in po. It returns what it deleted so far with
 // ctx's error when ctx ends, and with a batch's error when one fails for
 // good.
-func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (_ int64, err error) {
-	if handle.Missing(db) || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 || !po.Retry.valid() {
-		return 0, fmt.Errorf("%w: Purge needs a database and non-negative parameters", ErrInvalidOption)
-	}
-	if po.BatchSize == 0 {
-		po.BatchSize = 10_000
-		if po.RowsPerSecond > 0 {
-			po.BatchSize = 2_000
-		}
-	}
-	cfg, err := newConfig(opts)
-	if err != nil {
-		return 0, err
-	}
-	defer cfg.ExplainMissingTable(&err)
-	retry := po.Retry.withDefaults()
-	_, inTx := db.(pgx.Tx)
-	start := time.Now()
-	pace := &pacer{rate: po.RowsPerSecond, start: start}
-	var total int64
-	defer func() {
-		if po.Hooks != nil && total > 0 {
-			po.Hooks.Event(ctx, Event{Kind: EventPurged, Op: "Purge", Rows: total, Duration: time.Since(start)})
-		}
-	}()
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		n, err := purgeBatch(ctx, db, cfg.Q, po.BatchSize, inTx)
-		// A batch is its own transaction: one that fails with 40001 or
-		// 40P01 is simply done again.
-		for try := 1; err != nil && IsRetryable(err) && !inTx && try < retry.MaxAttempts; try++ {
-			if serr := backoff.Sleep(ctx, retry.backoff(try)); serr != nil {
-				return total, serr
-			}
-			n, err = purgeBatch(ctx, db, cfg.Q, po.BatchSize, inTx)
-		}
-		if err != nil {
-			return total, fmt.Errorf("idem: purging records: %w", err)
-		}
-		total += n
-		if po.OnBatch != nil {
-			po.OnBatch(n)
-		}
-		if n < int64(po.BatchSize) {
-			pace.deleted += n
-			break
-		}
-		if err := pace.wait(ctx, n); err != nil {
-			return total, err
-		}
-	}
-	if po.InboxRetention > 0 {
-		n, err := purgeInbox(ctx, db, &cfg, po.InboxRetention, po.BatchSize, pace, po.OnInboxBatch)
-		total += n
-		if err != nil {
-			return total, err
-		}
-	}
-	return total, nil
+func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (int64, error) {
+	return protocol.Purge(ctx, opsQuerier(db), pgxErrors{}, po.toProtocol(), withPurgeHooks(po.Hooks, opts))
 }
 
-// purgeLockTimeout bounds how long a purge batch waits for a row another
-// transaction holds before it retries the batch skipping such rows.
-const purgeLockTimeout = "20ms"
-
-// purgeBatch deletes one batch. The batch is one implicit transaction at
-// READ COMMITTED, whatever the session's default isolation: a row a
-// concurrent takeover changed is then rechecked and skipped rather than
-// failing the batch with 40001. The plain DELETE runs under a short
-// lock_timeout (the setting ends with the transaction); if it meets a row
-// another transaction holds, the batch is done again with FOR UPDATE SKIP
-// LOCKED. Inside a caller's transaction only the skipping form is used,
-// leaving its settings and isolation alone.
-func purgeBatch(ctx context.Context, db DBTX, q *protocol.Queries, size int, inTx bool) (int64, error) {
-	if inTx {
-		tag, err := db.Exec(ctx, q.PurgeSkipLocked, size)
-		return tag.RowsAffected(), err
-	}
-	var n int64
-	count := func(ct pgconn.CommandTag) error { n = ct.RowsAffected(); return nil }
-	b := &pgx.Batch{}
-	b.Queue(purgeIsolation)
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, purgeLockTimeout)
-	b.Queue(q.Purge, size).Exec(count)
-	err := db.SendBatch(ctx, b).Close()
-	if err == nil || pgerr.Code(err) != pgerr.LockNotAvailable {
-		return n, err
-	}
-	b = &pgx.Batch{}
-	b.Queue(purgeIsolation)
-	b.Queue(q.PurgeSkipLocked, size).Exec(count)
-	err = db.SendBatch(ctx, b).Close()
-	return n, err
+// toProtocol is po to internal/protocol; its Hooks go as an option
+// (withPurgeHooks).
+func (po PurgeParams) toProtocol() protocol.PurgeParams {
+	return protocol.PurgeParams{BatchSize: po.BatchSize, InboxRetention: po.InboxRetention, OnBatch: po.OnBatch,
+		OnInboxBatch: po.OnInboxBatch, RowsPerSecond: po.RowsPerSecond, Retry: protocol.Retry(po.Retry)}
 }
 
-// purgeIsolation starts each purge batch's transaction.
-const purgeIsolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+// withPurgeHooks is opts and, when h is set, WithHooks(h): the options of
+// a Purge whose PurgeParams.Hooks is h.
+func withPurgeHooks(h Hooks, opts []TableOption) []KeyOption {
+	all := make([]KeyOption, 0, len(opts)+1)
+	for _, o := range opts {
+		all = append(all, o)
+	}
+	if h != nil {
+		all = append(all, WithHooks(h))
+	}
+	return all
+}
 
 // Purger runs Purge on an interval until its context ends. The zero value
 // is not usable: DB is required.
@@ -215,24 +117,10 @@ type Purger struct {
 // Run purges at once, then every Interval, until ctx ends; it returns
 // ctx's error. A run's error does not stop it (see OnPurge).
 func (p *Purger) Run(ctx context.Context) error {
-	if p == nil || handle.Missing(p.DB) || p.Interval < 0 {
-		return fmt.Errorf("%w: Purger needs a DB and a non-negative Interval", ErrInvalidOption)
+	if p == nil {
+		return protocol.RunPurger(ctx, false, 0, nil, nil)
 	}
-	interval := p.Interval
-	if interval == 0 {
-		interval = time.Minute
-	}
-	for {
-		n, err := Purge(ctx, p.DB, p.Params, p.Tables...)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if p.OnPurge != nil {
-			p.OnPurge(n, err)
-		}
-		wait := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
-		if err := backoff.Sleep(ctx, wait); err != nil {
-			return err
-		}
-	}
+	return protocol.RunPurger(ctx, !handle.Missing(p.DB), p.Interval, func(ctx context.Context) (int64, error) {
+		return Purge(ctx, p.DB, p.Params, p.Tables...)
+	}, p.OnPurge)
 }
