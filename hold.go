@@ -24,9 +24,9 @@ import (
 // which rolls the transaction back and releases the key: a waiting duplicate
 // takes it over and runs fn once, and the holder's call fails with an error
 // matching ErrHoldTimeout when it wakes. Its connection is gone; a pool
-// replaces it. Through database/sql with lib/pq, which reports the server's
-// FATAL error as driver.ErrBadConn without its SQLSTATE, the holder gets that
-// error instead.
+// replaces it. Through database/sql with lib/pq, which drops the server's
+// FATAL error and its SQLSTATE, the holder gets driver.ErrBadConn instead,
+// or the network error of the statement fn ran on the closed connection.
 //
 // A statement of fn's that runs for longer than d (waiting on a lock, say) is
 // cancelled with SQLSTATE 57014, which fn sees as its statement's error and
