@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -47,27 +46,4 @@ func ConsumeOnce(ctx context.Context, tx pgx.Tx, consumer, messageID string,
 		return false, err
 	}
 	return protocol.ConsumeOnce(ctx, pgxErrors{}, pgxTx{tx: tx}, consumer, messageID, fn, &cfg)
-}
-
-// purgeInbox deletes inbox rows consumed more than olderThan ago, in
-// batches of batchSize, skipping rows another transaction holds, paced by
-// pace (Purge's InboxRetention and RowsPerSecond).
-func purgeInbox(ctx context.Context, db DBTX, cfg *config, olderThan time.Duration, batchSize int, pace *pacer, onBatch func(int64)) (int64, error) {
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, cfg.Inbox.Purge, olderThan.Microseconds(), batchSize)
-		if err != nil {
-			return total, err
-		}
-		total += tag.RowsAffected()
-		if onBatch != nil {
-			onBatch(tag.RowsAffected())
-		}
-		if tag.RowsAffected() < int64(batchSize) {
-			return total, nil
-		}
-		if err := pace.wait(ctx, tag.RowsAffected()); err != nil {
-			return total, err
-		}
-	}
 }

@@ -238,12 +238,3 @@ func commitError(err error) error {
 	}
 	return fmt.Errorf("idem: commit: %w", err)
 }
-
-// rollbackTo rolls back to the named savepoint and releases it. It goes as
-// one simple-protocol message: in an aborted transaction the server refuses
-// to prepare any statement but a rollback, so it cannot share a batch with
-// the statements that follow.
-func rollbackTo(ctx context.Context, tx pgx.Tx, savepoint string) error {
-	_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint+"; RELEASE SAVEPOINT "+savepoint)
-	return err
-}

@@ -118,11 +118,9 @@ func receiverName(e ast.Expr) string {
 // The nil handles a caller can pass by mistake: an untyped nil, and the
 // typed nils of a variable declared and never assigned.
 var (
-	nilDBTX = []any{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil), (*pgxpool.Conn)(nil), (*pgxpool.Tx)(nil),
-		idemsql.Wrap(nil), idemsql.WrapTx(nil)}
-	nilBeginners = []any{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil), (*pgxpool.Conn)(nil), (*pgxpool.Tx)(nil),
-		idemsql.Wrap(nil), idemsql.WrapTx(nil)}
-	nilTxs = []any{nil, (*pgxpool.Tx)(nil), idemsql.WrapTx(nil)}
+	nilDBTX      = []any{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil), (*pgxpool.Conn)(nil), (*pgxpool.Tx)(nil)}
+	nilBeginners = []any{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil), (*pgxpool.Conn)(nil), (*pgxpool.Tx)(nil)}
+	nilTxs       = []any{nil, (*pgxpool.Tx)(nil)}
 )
 
 // as converts h to T, giving T's zero value (a nil interface) for nil.
@@ -294,20 +292,6 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		"idemsql.Purge":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
 		"idemsql.Purger.DB": {[]any{(*sql.DB)(nil)}, func(h any) error {
 			return (&idemsql.Purger{DB: h.(*sql.DB)}).Run(ctx)
-		}},
-		"idemsql.Wrap": {[]any{(*sql.DB)(nil)}, func(h any) error {
-			_, err := idem.Do(ctx, idemsql.Wrap(h.(*sql.DB)), key, fn)
-			return err
-		}},
-		"idemsql.WrapTx": {[]any{(*sql.Tx)(nil)}, func(h any) error {
-			_, err := idem.WithIdempotency(ctx, idemsql.WrapTx(h.(*sql.Tx)), key, fn)
-			return err
-		}},
-		"idemsql.SQLTx": {nilTxs, func(h any) error {
-			if stx, ok := idemsql.SQLTx(as[pgx.Tx](h)); ok || stx != nil {
-				t.Errorf("SQLTx(%T) = %v, %v: want nil, false", h, stx, ok)
-			}
-			return idem.ErrInvalidOption // SQLTx answers false rather than an error
 		}},
 		"migrations.Up": migrate(func(p *pgxpool.Pool) error { return migrations.Up(ctx, p) },
 			func(c *pgx.Conn) error { return migrations.Up(ctx, c) }),

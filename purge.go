@@ -45,13 +45,6 @@ type PurgeParams struct {
 	Hooks Hooks
 }
 
-// pacer is what consume_once.go's purgeInbox, which Purge no longer calls,
-// still names: Purge's pacing is protocol.Pacer.
-type pacer struct{ p protocol.Pacer }
-
-// wait records n more deleted rows and sleeps until they are due.
-func (p *pacer) wait(ctx context.Context, n int64) error { return p.p.Wait(ctx, n) }
-
 // Purge deletes expired records (expires_at passed, by the database clock)
 // in batches until none is left, and returns how many rows it deleted
 // (records and, with InboxRetention, inbox rows). It never deletes a

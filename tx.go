@@ -222,16 +222,6 @@ func (g *guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 
 func (g *guardTx) Conn() *pgx.Conn { return g.Tx.Conn() }
 
-// Unwrap returns the transaction (or savepoint) the guard forwards to, or
-// nil once fn has returned. It lets an adapter find its own transaction
-// type behind the guard: idemsql.SQLTx uses it to hand fn the *sql.Tx.
-func (g *guardTx) Unwrap() pgx.Tx {
-	if g.closed.Load() {
-		return nil
-	}
-	return g.Tx
-}
-
 // errRow is a Row that holds only an error. It embeds pgx.Row (nil), so
 // that a method a later pgx release adds does not break the build.
 type errRow struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -257,3 +258,43 @@ func (q dbtxQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
 }
 
 func (dbtxQuerier) InTx() bool { return true }
+
+// sqlTxOptions maps pgx's transaction options to database/sql's, with the
+// statement that sets what sql.TxOptions cannot express.
+func sqlTxOptions(opts pgx.TxOptions) (sql.TxOptions, string, error) {
+	var s sql.TxOptions
+	if opts.BeginQuery != "" || opts.CommitQuery != "" {
+		return s, "", fmt.Errorf("idemsql: TxOptions.BeginQuery and CommitQuery are not supported through database/sql")
+	}
+	switch opts.IsoLevel {
+	case "":
+		s.Isolation = sql.LevelDefault
+	case pgx.Serializable:
+		s.Isolation = sql.LevelSerializable
+	case pgx.RepeatableRead:
+		s.Isolation = sql.LevelRepeatableRead
+	case pgx.ReadCommitted:
+		s.Isolation = sql.LevelReadCommitted
+	case pgx.ReadUncommitted:
+		s.Isolation = sql.LevelReadUncommitted
+	default:
+		return s, "", fmt.Errorf("idemsql: unknown isolation level %q", opts.IsoLevel)
+	}
+	switch opts.AccessMode {
+	case "", pgx.ReadWrite:
+	case pgx.ReadOnly:
+		s.ReadOnly = true
+	default:
+		return s, "", fmt.Errorf("idemsql: unknown access mode %q", opts.AccessMode)
+	}
+	switch opts.DeferrableMode {
+	case "":
+		return s, "", nil
+	case pgx.Deferrable:
+		return s, "SET TRANSACTION DEFERRABLE", nil
+	case pgx.NotDeferrable:
+		return s, "SET TRANSACTION NOT DEFERRABLE", nil
+	default:
+		return s, "", fmt.Errorf("idemsql: unknown deferrable mode %q", opts.DeferrableMode)
+	}
+}

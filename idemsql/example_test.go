@@ -24,11 +24,11 @@ import (
 // (import _ "github.com/lib/pq") registers "postgres" and works the same.
 
 // Do runs fn once per key on a *sql.DB; fn writes through the *sql.Tx.
-func ExampleWrap() {
+func ExampleDo() {
 	ctx := context.Background()
 	// A fresh schema holding idem's record table and a signups table with
 	// no unique constraint; dsn has search_path set to it.
-	dsn, cleanup := exampleSchema("wrap",
+	dsn, cleanup := exampleSchema("do",
 		`CREATE TABLE signups (id bigint GENERATED ALWAYS AS IDENTITY, user_id bigint, activity_id bigint)`)
 	defer cleanup()
 
@@ -39,15 +39,14 @@ func ExampleWrap() {
 	defer db.Close()
 
 	key := idem.Key{Scope: "user:42", ID: "signup-7f3a"}
-	signUp := func(ctx context.Context, tx pgx.Tx) (int64, error) {
-		stx, _ := idemsql.SQLTx(tx) // the *sql.Tx idem began
+	signUp := func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var id int64
-		err := stx.QueryRowContext(ctx,
+		err := tx.QueryRowContext(ctx,
 			`INSERT INTO signups (user_id, activity_id) VALUES ($1, $2) RETURNING id`, 42, 7).Scan(&id)
 		return id, err
 	}
 	for range 2 { // a double click: the second request replays the first
-		res, err := idem.Do(ctx, idemsql.Wrap(db), key, signUp)
+		res, err := idemsql.Do(ctx, db, key, signUp)
 		if err != nil {
 			panic(err)
 		}
@@ -65,9 +64,9 @@ func ExampleWrap() {
 }
 
 // WithIdempotency works inside the caller's own *sql.Tx.
-func ExampleWrapTx() {
+func ExampleWithIdempotency() {
 	ctx := context.Background()
-	dsn, cleanup := exampleSchema("wraptx",
+	dsn, cleanup := exampleSchema("withidempotency",
 		`CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, payments int NOT NULL DEFAULT 0)`,
 		`INSERT INTO orders (id, status) VALUES (91, 'PENDING')`)
 	defer cleanup()
@@ -79,8 +78,8 @@ func ExampleWrapTx() {
 	defer db.Close()
 
 	key := idem.Key{Scope: "user:42", ID: "order-91"}
-	pay := func(ctx context.Context, tx pgx.Tx) (string, error) {
-		_, err := tx.Exec(ctx, `UPDATE orders SET status = 'PAID', payments = payments + 1 WHERE id = $1`, 91)
+	pay := func(ctx context.Context, tx *sql.Tx) (string, error) {
+		_, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'PAID', payments = payments + 1 WHERE id = $1`, 91)
 		return "paid", err
 	}
 	for range 2 { // the request, then its retry with the same key
@@ -88,7 +87,7 @@ func ExampleWrapTx() {
 		if err != nil {
 			panic(err)
 		}
-		res, err := idem.WithIdempotency(ctx, idemsql.WrapTx(stx), key, pay)
+		res, err := idemsql.WithIdempotency(ctx, stx, key, pay)
 		if err != nil {
 			_ = stx.Rollback()
 			panic(err)
