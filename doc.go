@@ -54,8 +54,9 @@
 //
 // Package [github.com/idemkit/idem/idemhttp] provides the Idempotency-Key
 // HTTP middleware and a client transport that retries with the same key;
-// package [github.com/idemkit/idem/idemsql] adapts database/sql. Every
-// decision about time (TTLs, leases) uses the database clock.
+// package [github.com/idemkit/idem/idemsql] is the same API on
+// database/sql, where fn receives the *sql.Tx. Every decision about time
+// (TTLs, leases) uses the database clock.
 //
 // # Options
 //
