@@ -273,10 +273,7 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			})
 			return err
 		}},
-		"idemsql.InsertOrGet": {[]any{(*sql.DB)(nil)}, func(h any) error {
-			_, err := idemsql.InsertOrGet(ctx, h.(*sql.DB), ins, get, &dest)
-			return err
-		}},
+		"idemsql.InsertOrGet": sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.InsertOrGet(ctx, db, ins, get, &dest); return err }),
 		"idemsql.InsertOrGetTx": {[]any{(*sql.Tx)(nil)}, func(h any) error {
 			_, err := idemsql.InsertOrGetTx(ctx, h.(*sql.Tx), ins, get, &dest)
 			return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/protocol"
 )
 
@@ -19,17 +20,21 @@ import (
 // existing row, not an error. If the row vanishes between the two (a
 // concurrent delete), it tries again.
 //
-// insert and lookup run on db one after the other, each on its own and
-// possibly on different connections. A concurrent creator that has not
+// db may be a *sql.DB, a *sql.Conn or a *sql.Tx. insert and lookup run on
+// it one after the other; on a *sql.DB each on its own, possibly on
+// different connections. No statement fails on a duplicate, so a caller's
+// transaction is never aborted by one. A concurrent creator that has not
 // committed yet makes insert wait for it; once it has committed, lookup
-// (under READ COMMITTED, PostgreSQL's default) sees its row. To create the
-// row inside a transaction of yours, use InsertOrGetTx. A nil db, or an
-// insert or lookup without SQL, is an idem.ErrInvalidOption.
-func InsertOrGet(ctx context.Context, db *sql.DB, insert, lookup idem.Query, dest ...any) (created bool, err error) {
-	if db == nil || insert.SQL == "" || lookup.SQL == "" {
+// (under READ COMMITTED, PostgreSQL's default) sees its row. Under
+// REPEATABLE READ or SERIALIZABLE a row committed after the transaction's
+// snapshot fails with SQLSTATE 40001 (idem.IsRetryable). For a plain INSERT
+// in a transaction of yours, use InsertOrGetTx. A nil db, or an insert or
+// lookup without SQL, is an idem.ErrInvalidOption.
+func InsertOrGet(ctx context.Context, db DBTX, insert, lookup idem.Query, dest ...any) (created bool, err error) {
+	if handle.Missing(db) || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGet needs a database, an insert and a lookup", idem.ErrInvalidOption)
 	}
-	return protocol.InsertOrGet(ctx, sqlErrors{}, dbQuerier{db: db}, protocol.Query(insert), protocol.Query(lookup), dest)
+	return protocol.InsertOrGet(ctx, sqlErrors{}, querierOf(db), protocol.Query(insert), protocol.Query(lookup), dest)
 }
 
 // InsertOrGetTx is InsertOrGet inside the caller's transaction tx, for a
