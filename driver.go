@@ -135,7 +135,7 @@ type pgxOwn struct {
 
 func (o *pgxOwn) Commit(ctx context.Context, stmts ...protocol.Stmt) (unknown bool, err error) {
 	if o.conn.IsClosed() {
-		return false, fmt.Errorf("idem: connection closed before commit: %w", pgconn.ErrConnClosed)
+		return false, &protocol.NotSentError{Err: fmt.Errorf("idem: connection closed before commit: %w", pgconn.ErrConnClosed)}
 	}
 	var tag pgconn.CommandTag
 	b := &pgx.Batch{}

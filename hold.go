@@ -1,14 +1,8 @@
 package idem
 
 import (
-	"context"
-	"fmt"
 	"math"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // WithHoldTimeout bounds how long a call of Do or WithIdempotency may hold its
@@ -58,58 +52,3 @@ func WithHoldTimeout(d time.Duration) Option {
 // MaxHoldTimeout is the largest bound WithHoldTimeout takes: the largest
 // value of PostgreSQL's two settings, 2^31-1 milliseconds (about 24.8 days).
 const MaxHoldTimeout = math.MaxInt32 * time.Millisecond
-
-// holdMillis is d in whole milliseconds, rounded up.
-func holdMillis(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
-// holdBound is an expression that lowers both settings to ms milliseconds
-// (a parameter) for the rest of the transaction, keeping a value that is
-// already lower (0 means none). It counts the settings it went through, 2.
-func holdBound(ms string) string {
-	return `(SELECT count(set_config(g.name,
-	CASE WHEN g.cur = interval '0' OR g.cur > ` + ms + `::bigint * interval '1 ms' THEN ` + ms + `::text ELSE g.setting END, true))
-FROM (SELECT v.name, current_setting(v.name) AS setting, current_setting(v.name)::interval AS cur
-	FROM (VALUES ('idle_in_transaction_session_timeout'), ('statement_timeout')) AS v(name)) AS g)`
-}
-
-// holdSet is holdBound as a statement of its own, of $1 milliseconds.
-var holdSet = `SELECT ` + holdBound("$1")
-
-// holdRead reads the values holdSet replaces, so that WithIdempotency can put
-// them back (holdRestore).
-const (
-	holdRead    = `SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('statement_timeout')`
-	holdRestore = `SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('statement_timeout', $2, true)`
-)
-
-// heldSettings are a transaction's values of the two settings before
-// WithHoldTimeout changed them.
-type heldSettings struct{ idle, statement string }
-
-// bound applies the hold timeout inside the caller's transaction, after the
-// claim, and returns the values to restore at completion.
-func bound(ctx context.Context, tx pgx.Tx, d time.Duration) (*heldSettings, error) {
-	var prev heldSettings
-	b := &pgx.Batch{}
-	b.Queue(holdRead).QueryRow(func(r pgx.Row) error { return r.Scan(&prev.idle, &prev.statement) })
-	b.Queue(holdSet, holdMillis(d))
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("idem: applying the hold timeout: %w", err)
-	}
-	return &prev, nil
-}
-
-// holdError makes an error that the hold timeout's idle bound caused match
-// ErrHoldTimeout: the server ended the session of a transaction that sat
-// idle too long (SQLSTATE 25P03), so nothing of it committed. A statement
-// the bound cancelled (57014) is left as it is: the same SQLSTATE comes from
-// other cancellations, and it does not end the transaction. A Permanent
-// error was recorded, so it is not one.
-func holdError(cfg *config, err error) error {
-	if err == nil || cfg.HoldTimeout == 0 || IsPermanent(err) || pgerr.Code(err) != pgerr.IdleInTxTimeout {
-		return err
-	}
-	return fmt.Errorf("%w: %w", ErrHoldTimeout, err)
-}

@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/protocol"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestHoldMillis(t *testing.T) {
 		1500 * time.Millisecond:            1500,
 		MaxHoldTimeout:                     1<<31 - 1,
 	} {
-		require.Equal(t, want, holdMillis(d), "%v", d)
+		require.Equal(t, want, protocol.HoldMillis(d), "%v", d)
 	}
 }
 
@@ -42,11 +43,11 @@ func TestHoldError(t *testing.T) {
 	canceled := &pgconn.PgError{Code: "57014"}
 	bounded := &config{HoldTimeout: time.Second}
 
-	require.ErrorIs(t, holdError(bounded, fmt.Errorf("fn: %w", idle)), ErrHoldTimeout)
-	require.ErrorIs(t, holdError(bounded, idle), idle)
+	require.ErrorIs(t, bounded.HoldError(fmt.Errorf("fn: %w", idle)), ErrHoldTimeout)
+	require.ErrorIs(t, bounded.HoldError(idle), idle)
 	// Not the idle bound, or not idem's bound, or recorded: left as they are.
 	for _, err := range []error{nil, canceled, errors.New("other"), Permanent(idle)} {
-		require.Equal(t, err, holdError(bounded, err))
+		require.Equal(t, err, bounded.HoldError(err))
 	}
-	require.Equal(t, error(idle), holdError(&config{}, idle))
+	require.Equal(t, error(idle), (&config{}).HoldError(idle))
 }

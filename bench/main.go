@@ -147,6 +147,7 @@ var suites = []suite{
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
 	{name: "tablesize", custom: runTableSizeSuite},
 	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
+	{name: "sql", about: "database/sql through pgx's stdlib driver: idemsql.Do against a bare database/sql transaction running the same INSERT, and idem.Do on pgx", setup: setupSQL, variants: sqlVariants, newKeysOnly: true, bare: "bare database/sql"},
 }
 
 var coreVariants = []variant{
@@ -244,7 +245,7 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge, sql")
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	dupsFlag := flag.String("dups", "0", "comma-separated shares of duplicate requests for the core, transition, inbox and http suites, e.g. 0,0.5,0.9")
 	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
@@ -425,7 +426,7 @@ func run(workersFlag, suitesFlag string, rtts []time.Duration, rounds int, durat
 	suiteNames := strings.Split(suitesFlag, ",")
 	for _, n := range suiteNames {
 		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge)", n)
+			return fmt.Errorf("-suites: unknown suite %q (core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge, sql)", n)
 		}
 	}
 	var workerCounts []int

@@ -20,8 +20,8 @@ import (
 //
 // fn must not commit or roll back tx: Do does, after fn returns. (A
 // *sql.Tx cannot refuse it; a call whose fn did anyway fails, and what fn
-// committed then has no record of the key.) tx is valid only until fn
-// returns.
+// committed then has no record of the key: a retry with the key runs fn
+// again.) tx is valid only until fn returns.
 //
 // Options are idem's: idem.WithTxOptions sets the isolation level and
 // access mode (its deferrable mode becomes SET TRANSACTION; BeginQuery and
@@ -30,8 +30,9 @@ import (
 //
 // Errors are idem.Do's: among them idem.ErrOutcomeUnknown when the
 // connection failed while COMMIT was in flight (calling Do again with the
-// same key settles it), a 40001 or 40P01 that outlasted the retries, and
-// ErrInvalidOption for a nil db or fn, or a closed db.
+// same key settles it), a 40001 or 40P01 that outlasted the retries,
+// ErrInvalidOption for a nil db or fn, and for a closed db an error that
+// says so ("idem: Do: the pool was closed: sql: database is closed").
 func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 	fn func(ctx context.Context, tx *sql.Tx) (T, error), opts ...idem.DoOption) (_ idem.Result[T], err error) {
 	cfg, err := protocol.NewCall("Do", protocol.Key(key), key.Validate(), db != nil && fn != nil, "a database and a function", opts)
@@ -48,7 +49,8 @@ func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 // transaction tx, and records fn's result in the same transaction, as
 // idem.WithIdempotency does on pgx: fn runs in a savepoint, and the caller
 // commits or rolls back tx as usual. fn receives tx itself and must not
-// commit or roll it back.
+// commit or roll it back (a *sql.Tx cannot refuse it: the call then fails,
+// and a retry with the key runs fn again).
 //
 // Errors and the state of tx afterwards are idem.WithIdempotency's; a tx
 // already committed or rolled back is an ErrInvalidOption.

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/protocol"
@@ -53,6 +54,9 @@ type sqlQuerier interface {
 // run runs stmts on q one after the other, stopping at the first error.
 func run(ctx context.Context, q sqlQuerier, stmts []protocol.Stmt) error {
 	for i := range stmts {
+		if o := stmts[i].OnlyIf; o != nil && !*o {
+			continue
+		}
 		if err := runOne(ctx, q, &stmts[i]); err != nil {
 			return err
 		}
@@ -93,27 +97,6 @@ func runOne(ctx context.Context, q sqlQuerier, st *protocol.Stmt) error {
 	return err
 }
 
-// dbQuerier runs statements on a *sql.DB: a group of several in a
-// transaction of its own, committed when none failed.
-type dbQuerier struct{ db *sql.DB }
-
-func (q dbQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
-	if len(stmts) == 1 {
-		return runOne(ctx, q.db, &stmts[0])
-	}
-	tx, err := q.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := run(ctx, tx, stmts); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
-}
-
-func (dbQuerier) InTx() bool { return false }
-
 // InTx reports true: the statements run in the caller's transaction.
 func (sqlTx) InTx() bool { return true }
 
@@ -142,22 +125,31 @@ func (o *sqlOwn) Commit(ctx context.Context, stmts ...protocol.Stmt) (unknown bo
 		}
 		return false, err
 	}
+	if cerr := o.ctx.Err(); cerr != nil {
+		// database/sql rolls back a transaction whose context ended and
+		// sends no COMMIT.
+		_ = o.tx.Rollback()
+		return false, &protocol.NotSentError{Err: fmt.Errorf("idemsql: commit not sent: %w", cerr)}
+	}
 	err = o.tx.Commit()
 	switch {
 	case err == nil:
 		return false, nil
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		// database/sql returns the context's error itself only when the
-		// context ended before it sent anything.
-		return false, err
 	case errors.Is(err, sql.ErrTxDone):
-		// The context ended earlier, and database/sql rolled the
-		// transaction back then.
+		// database/sql rolled the transaction back already, its context
+		// having ended since the check above: no COMMIT went out.
 		return false, err
-	case pgerr.Code(err) != "" || errors.Is(err, pgx.ErrTxCommitRollback):
-		return false, err // the server answered: nothing committed
+	case pgerr.Code(err) != "" || errors.Is(err, pgx.ErrTxCommitRollback) ||
+		(pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)):
+		// The server answered, or nothing was sent: nothing committed.
+		// (pgx reports "conn closed", safe to retry, for a connection
+		// that a failed read closed while COMMIT was in flight.)
+		return false, err
 	default:
-		return true, err // the connection failed with COMMIT in flight
+		// The connection failed, or the context ended, while COMMIT was
+		// in flight (pgx's stdlib driver runs it under the transaction's
+		// context): it may have committed.
+		return true, err
 	}
 }
 
@@ -220,23 +212,29 @@ func querierOf(db DBTX) protocol.Querier {
 	switch d := db.(type) {
 	case *sql.Tx:
 		return sqlTx{tx: d}
-	case *sql.DB:
-		return dbQuerier{db: d}
-	case *sql.Conn:
-		return connQuerier{conn: d}
+	case txBeginner:
+		return beginQuerier{db: d}
 	}
 	return dbtxQuerier{db: db}
 }
 
-// connQuerier runs statements on one *sql.Conn, a group of several in a
-// transaction of its own.
-type connQuerier struct{ conn *sql.Conn }
+// txBeginner is a DBTX that begins transactions: *sql.DB, *sql.Conn, and
+// wrappers of them that keep database/sql's BeginTx.
+type txBeginner interface {
+	DBTX
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
 
-func (q connQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
+// beginQuerier runs statements on a database or a connection: a lone one
+// on its own, a group of several in a transaction of its own, committed
+// when none failed.
+type beginQuerier struct{ db txBeginner }
+
+func (q beginQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
 	if len(stmts) == 1 {
-		return runOne(ctx, q.conn, &stmts[0])
+		return runOne(ctx, q.db, &stmts[0])
 	}
-	tx, err := q.conn.BeginTx(ctx, nil)
+	tx, err := q.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -244,13 +242,21 @@ func (q connQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
 		_ = tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			// database/sql ended the transaction when ctx ended: the
+			// context is the cause, not a transaction of the caller's.
+			return fmt.Errorf("idemsql: %w: %w", cerr, err)
+		}
+		return err
+	}
+	return nil
 }
 
-func (connQuerier) InTx() bool { return false }
+func (beginQuerier) InTx() bool { return false }
 
-// dbtxQuerier runs statements on a DBTX of another type, one after the
-// other: it cannot begin a transaction, so it counts as the caller's.
+// dbtxQuerier runs statements on a DBTX that cannot begin a transaction
+// (a wrapper of a *sql.Tx, say), one after the other, as the caller's.
 type dbtxQuerier struct{ db DBTX }
 
 func (q dbtxQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {

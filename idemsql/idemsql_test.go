@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -38,6 +39,10 @@ func TestDoClassifiesCommitErrors(t *testing.T) {
 		{name: "unique violation", err: &sqlStateError{code: "23505"}},
 		{name: "serialization failure", err: &sqlStateError{code: "40001"}, retryable: true},
 		{name: "pgx commit turned rollback", err: pgx.ErrTxCommitRollback},
+		// pgx's stdlib driver runs COMMIT under the transaction's context:
+		// a context that ends while COMMIT is in flight may have committed.
+		{name: "context ended in flight", err: context.DeadlineExceeded, unknown: true},
+		{name: "pgx conn closed in flight", err: pgconn.ErrConnClosed, unknown: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &fakeDriver{commitErr: tc.err}

@@ -109,11 +109,11 @@ func nonNil(b []byte) []byte {
 func Replay[T any](rec Record, c *Config) (v T, replayed bool, err error) {
 	switch rec.Status {
 	case StatusSucceeded:
-		v, err := DecodeValue[T](c.Codec, rec.Response)
+		d, err := DecodeValue[T](c.Codec, rec.Response)
 		if err != nil {
-			return v, false, err
+			return v, false, err // the zero value, not a partial decoding
 		}
-		return v, true, nil
+		return d, true, nil
 	case StatusFailed:
 		return v, true, &PermanentError{Err: &RecordedError{Message: string(rec.Response)}}
 	case StatusProcessing:

@@ -1,13 +1,16 @@
 // Package protocol is idem's claim protocol, written once over a small
 // driver interface: claim a key, read and judge its record, take it over,
 // run fn, then complete or undo the execution, in the caller's transaction
-// or in one of the driver's own. The root package (pgx) and idemsql
-// (database/sql) are fronts on it; each supplies a Driver.
+// or in one of the driver's own; and lease mode, tokens, the inbox,
+// create-once, state machines, Purge and the inspect calls beside it. The
+// root package (pgx) and idemsql (database/sql) are fronts on it; each
+// supplies its driver: the interfaces of driver.go.
 //
 // The protocol knows no driver. What it needs of one is in driver.go: how a
 // group of statements runs (pgx sends it as one batch, database/sql one
 // statement after the other), how a transaction of its own begins and ends,
-// what fn receives, and what a failed COMMIT means.
+// what fn receives, what a failed COMMIT means, and how errors are
+// classified (Errors).
 package protocol
 
 import (

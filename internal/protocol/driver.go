@@ -18,6 +18,11 @@ type Stmt struct {
 	// with what scans that row; an error it returns ends the statement and
 	// the group with that error.
 	Each func(scan func(dest ...any) error) error
+	// OnlyIf, when not nil, makes the statement conditional on *OnlyIf as
+	// the statements before it left it: a driver that runs statements one
+	// at a time skips it when false. A driver that sends the group at once
+	// runs it anyway, so it must be harmless either way.
+	OnlyIf *bool
 }
 
 // Exec runs groups of statements in one transaction.

@@ -145,7 +145,7 @@ func (e *missingTableError) Error() string {
 func (e *missingTableError) Unwrap() error { return e.err }
 
 // ClosedHandle gives an error that a closed handle caused idem's context,
-// when the driver recognises it (Driver.Closed): a pool the application
+// when the driver recognises it (Errors.Closed): a pool the application
 // closed, or a transaction already committed or rolled back, which is an
 // ErrInvalidOption too. Other errors, and one already explained, are
 // returned as they are.
@@ -181,3 +181,12 @@ const (
 	PoolClosed = "the pool was closed"
 	TxEnded    = "the transaction was already committed or rolled back"
 )
+
+// NotSentError is what Own.Commit returns for a COMMIT it did not send (the
+// connection had closed, or the context had ended): nothing committed. The
+// protocol returns Err as it is, without "idem: commit:".
+type NotSentError struct{ Err error }
+
+func (e *NotSentError) Error() string { return e.Err.Error() }
+
+func (e *NotSentError) Unwrap() error { return e.Err }

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -21,8 +22,10 @@ func (c *own[TTx]) open(ctx context.Context, st *claimStep) (attempt int32, clai
 	stmts := claimStmts(c.cfg, st, &attempt, &claimed)
 	if c.cfg.HoldTimeout > 0 {
 		// After the claiming statement, so that it never bounds a wait for
-		// another holder.
-		stmts = append(stmts, Stmt{SQL: HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}})
+		// another holder; for a claimed key only where the driver can tell
+		// (pgx sends it in the claim's batch: it then also bounds the read
+		// of a replay, a round trip away).
+		stmts = append(stmts, Stmt{SQL: HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}, OnlyIf: &claimed})
 	}
 	tx, err := c.conn.Begin(ctx, stmts...)
 	if err != nil {
@@ -54,8 +57,12 @@ func (c *own[TTx]) complete(ctx context.Context, status string, data []byte, att
 		return nil
 	}
 	tx.End(ctx)
-	if unknown {
+	var notSent *NotSentError
+	switch {
+	case unknown:
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	case errors.As(err, &notSent):
+		return notSent.Err
 	}
 	return fmt.Errorf("idem: commit: %w", err)
 }

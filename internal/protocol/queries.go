@@ -60,6 +60,11 @@ type Queries struct {
 	Complete string
 	// Release deletes a processing record whose fn failed ($3 attempt).
 	Release string
+	// LockTable takes the lock every claim takes on the table (ROW
+	// EXCLUSIVE) before a no-wait claim lowers lock_timeout, so that a
+	// lock on the whole table (DDL, LOCK TABLE) is waited for under the
+	// caller's lock_timeout, not answered ErrInProgress.
+	LockTable string
 }
 
 // NoWaitLockTimeout is the lock_timeout under which a no-wait claim gives up
@@ -70,13 +75,13 @@ type Queries struct {
 const NoWaitLockTimeout = "50ms"
 
 // NoWaitSet and NoWaitRestore go before and after a no-wait claim, in its
-// round trip: NoWaitSet keeps the transaction's lock_timeout in the
-// transaction-local setting idem.lock_timeout and lowers it to
-// NoWaitLockTimeout; NoWaitRestore puts it back. A claim that fails (the
-// timeout, or any error) leaves NoWaitRestore unrun, and the rollback of the
-// transaction or savepoint that follows undoes NoWaitSet too. The timeout
-// covers the wait for the key's holder; the table lock the claim takes
-// before it runs is waited for under it too, at most NoWaitLockTimeout.
+// round trip, after Queries.LockTable: NoWaitSet keeps the transaction's
+// lock_timeout in the transaction-local setting idem.lock_timeout and
+// lowers it to NoWaitLockTimeout; NoWaitRestore puts it back. A claim that
+// fails (the timeout, or any error) leaves NoWaitRestore unrun, and the
+// rollback of the transaction or savepoint that follows undoes NoWaitSet
+// too. The timeout covers the wait for the key's holder; the table lock,
+// taken before it, is waited for under the caller's lock_timeout.
 const (
 	NoWaitSet = `SELECT set_config('idem.lock_timeout', s.v, true), set_config('lock_timeout', '` + NoWaitLockTimeout + `', true)
 	FROM (SELECT current_setting('lock_timeout') AS v) AS s`
@@ -164,7 +169,8 @@ func buildQueries(t string) *Queries {
 	const takeable = `((locked_until IS NULL OR locked_until <= clock_timestamp())
 	AND (expires_at <= clock_timestamp() OR status IN ('issued', 'processing')))`
 	return &Queries{
-		Table: t,
+		Table:     t,
+		LockTable: `LOCK TABLE ` + t + ` IN ROW EXCLUSIVE MODE`,
 		Claim: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, attempt, created_at, updated_at, expires_at)
 	VALUES ($1, $2, $3, 'processing', 1, now(), now(), ` + ttlExpr + `)
 	ON CONFLICT (scope, key) DO NOTHING
