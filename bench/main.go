@@ -119,9 +119,11 @@ func bareInsert(ctx context.Context, pool *pgxpool.Pool, _ idem.Key) error {
 
 // suite is a set of variants measured against its first one, the baseline.
 type suite struct {
-	name     string
-	about    string
-	setup    func(ctx context.Context, pool *pgxpool.Pool) error
+	name  string
+	about string
+	setup func(ctx context.Context, pool *pgxpool.Pool) error
+	// teardown, when set, undoes setup before the pool closes.
+	teardown func()
 	variants []variant
 	// custom, when set, replaces the interleaved comparison of variants.
 	custom func(ctx context.Context, pool *pgxpool.Pool, workers, rounds int, duration time.Duration) (string, error)
@@ -147,7 +149,7 @@ var suites = []suite{
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},
 	{name: "tablesize", custom: runTableSizeSuite},
 	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
-	{name: "sql", about: "database/sql through pgx's stdlib driver: idemsql.Do against a bare database/sql transaction running the same INSERT, and idem.Do on pgx", setup: setupSQL, variants: sqlVariants, newKeysOnly: true, bare: "bare database/sql"},
+	{name: "sql", about: "database/sql through pgx's stdlib driver: idemsql.Do against a bare database/sql transaction running the same INSERT", setup: setupSQL, teardown: teardownSQL, variants: sqlVariants, newKeysOnly: true, bare: "bare database/sql"},
 }
 
 var coreVariants = []variant{
@@ -326,6 +328,9 @@ func runSuites(ctx context.Context, l *latency, suiteNames []string, workerCount
 			if err := su.setup(ctx, pool); err != nil {
 				return fmt.Errorf("%s: %w", su.name, err)
 			}
+		}
+		if su.teardown != nil {
+			defer su.teardown()
 		}
 		shares := dupShares
 		if su.custom != nil || su.newKeysOnly || len(shares) == 0 {
