@@ -1,12 +1,10 @@
 package integration_test
 
 import (
-	"database/sql"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -141,32 +139,4 @@ func TestHTTPOnDatabaseSQL(t *testing.T) {
 			require.Equal(t, http.StatusNoContent, resp.StatusCode)
 		})
 	}
-}
-
-// openSQLDB opens a database/sql pool of at most maxConns connections with
-// driverName ("pgx": pgx's stdlib driver; "postgres": lib/pq), closed when
-// the test ends.
-func openSQLDB(t *testing.T, driverName, databaseURL string, maxConns int) *sql.DB {
-	t.Helper()
-	if driverName == "postgres" {
-		// lib/pq would send pgx's own parameter to the server.
-		u, err := url.Parse(databaseURL)
-		require.NoError(t, err)
-		q := u.Query()
-		q.Del("default_query_exec_mode")
-		if pgtest.ViaPgBouncer() && databaseURL == pgtest.ClientURL() {
-			// Outside a transaction lib/pq prepares and executes a
-			// statement with arguments in two round trips, which
-			// transaction pooling may send to two servers; with
-			// binary_parameters it sends them in one.
-			q.Set("binary_parameters", "yes")
-		}
-		u.RawQuery = q.Encode()
-		databaseURL = u.String()
-	}
-	db, err := sql.Open(driverName, databaseURL)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(maxConns)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
 }

@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,9 +26,6 @@ import (
 // ConsumeOnce, InsertOrGet and InsertOrGetTx through idemsql's native API,
 // for pgx's stdlib driver and lib/pq: fn receives the *sql.Tx itself.
 
-// inboxSQLDrivers are the database/sql drivers, by test name.
-var inboxSQLDrivers = []struct{ name, driver string }{{"stdlib", "pgx"}, {"libpq", "postgres"}}
-
 // inboxEnv is one test's view of one database/sql driver.
 type inboxEnv struct {
 	driver string        // database/sql's name of the driver
@@ -38,40 +34,13 @@ type inboxEnv struct {
 	db     *sql.DB
 }
 
-// openInboxSQL opens driverName's *sql.DB on the test database with at most
-// maxConns connections, closed when the test ends.
-func openInboxSQL(t *testing.T, driverName string, maxConns int) *sql.DB {
-	t.Helper()
-	databaseURL := pgtest.ClientURL()
-	if driverName == "postgres" {
-		// lib/pq would send pgx's own parameter to the server.
-		u, err := url.Parse(databaseURL)
-		require.NoError(t, err)
-		q := u.Query()
-		q.Del("default_query_exec_mode")
-		if pgtest.ViaPgBouncer() {
-			// Outside a transaction lib/pq prepares and executes a
-			// statement with arguments in two round trips, which
-			// transaction pooling may send to two servers.
-			q.Set("binary_parameters", "yes")
-		}
-		u.RawQuery = q.Encode()
-		databaseURL = u.String()
-	}
-	db, err := sql.Open(driverName, databaseURL)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(maxConns)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
-
 // forEachInboxDriver runs f once per database/sql driver, each with a
 // schema of its own.
 func forEachInboxDriver(t *testing.T, maxConns int, f func(t *testing.T, e *inboxEnv)) {
-	for _, d := range inboxSQLDrivers {
+	for _, d := range sqlDBDrivers {
 		t.Run(d.name, func(t *testing.T) {
 			pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
-			f(t, &inboxEnv{driver: d.driver, pool: pool, s: pgtest.NewSchema(t, pool), db: openInboxSQL(t, d.driver, maxConns)})
+			f(t, &inboxEnv{driver: d.driver, pool: pool, s: pgtest.NewSchema(t, pool), db: openSQLDB(t, d.driver, pgtest.ClientURL(), maxConns)})
 		})
 	}
 }
@@ -424,7 +393,7 @@ func TestSQLInboxArgumentsAndHandles(t *testing.T) {
 			require.ErrorContains(t, err, "idem: InsertOrGetTx: the transaction was already committed or rolled back", end)
 		}
 
-		closed := openInboxSQL(t, e.driver, 1)
+		closed := openSQLDB(t, e.driver, pgtest.ClientURL(), 1)
 		require.NoError(t, closed.Close())
 		_, err = idemsql.InsertOrGet(ctx, closed, q, q, &n)
 		require.ErrorContains(t, err, "idem: InsertOrGet: the pool was closed")

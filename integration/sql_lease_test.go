@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,41 +25,11 @@ import (
 // the lease scenarios of sqldriver_test.go, with *sql.DB and *sql.Tx in
 // place of the pgx emulation.
 
-// sqlLeaseDrivers are the database/sql drivers: name, then the name the
-// driver registered with database/sql.
-var sqlLeaseDrivers = []struct{ name, driver string }{{"stdlib", "pgx"}, {"libpq", "postgres"}}
-
 // sqlLeaseEnv is one scenario's view of one driver.
 type sqlLeaseEnv struct {
 	pool *pgxpool.Pool // pgx, for setup and for counting
 	s    *pgtest.Schema
 	db   *sql.DB
-}
-
-// sqlLeaseOpen opens driver's *sql.DB on the test database with at most
-// maxConns connections, closed when the test ends.
-func sqlLeaseOpen(t *testing.T, driver string, maxConns int) *sql.DB {
-	t.Helper()
-	databaseURL := pgtest.ClientURL()
-	if driver == "postgres" {
-		// lib/pq would send pgx's own parameter to the server.
-		u, err := url.Parse(databaseURL)
-		require.NoError(t, err)
-		q := u.Query()
-		q.Del("default_query_exec_mode")
-		if pgtest.ViaPgBouncer() {
-			// One round trip per statement with arguments outside a
-			// transaction, which transaction pooling needs.
-			q.Set("binary_parameters", "yes")
-		}
-		u.RawQuery = q.Encode()
-		databaseURL = u.String()
-	}
-	db, err := sql.Open(driver, databaseURL)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(maxConns)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
 }
 
 // inTx runs f in a *sql.Tx of the caller's and commits when f succeeds.
@@ -118,12 +87,12 @@ func TestSQLNativeLease(t *testing.T) {
 		{"ClaimInCallerTx", sqlLeaseClaimInCallerTx},
 		{"Handles", sqlLeaseHandles},
 	}
-	for _, d := range sqlLeaseDrivers {
+	for _, d := range sqlDBDrivers {
 		t.Run(d.name, func(t *testing.T) {
 			for _, sc := range scenarios {
 				t.Run(sc.name, func(t *testing.T) {
 					pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
-					sc.run(t, &sqlLeaseEnv{pool: pool, s: pgtest.NewSchema(t, pool), db: sqlLeaseOpen(t, d.driver, 4)})
+					sc.run(t, &sqlLeaseEnv{pool: pool, s: pgtest.NewSchema(t, pool), db: openSQLDB(t, d.driver, pgtest.ClientURL(), 4)})
 				})
 			}
 		})

@@ -3,7 +3,6 @@ package integration_test
 import (
 	"context"
 	"database/sql"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -24,36 +23,6 @@ import (
 // Purge, the Purger and the inspection calls through idemsql's own
 // database/sql API, for pgx's stdlib driver and lib/pq: the same rows, the
 // same answers as the pgx calls.
-
-// purgeSQLDrivers are the database/sql drivers, by test name.
-var purgeSQLDrivers = []struct{ name, driver string }{{"stdlib", "pgx"}, {"libpq", "postgres"}}
-
-// openPurgeSQL opens a *sql.DB of driverName on the test database, closed
-// when the test ends.
-func openPurgeSQL(t *testing.T, driverName string, maxConns int) *sql.DB {
-	t.Helper()
-	databaseURL := pgtest.ClientURL()
-	if driverName == "postgres" {
-		// lib/pq would send pgx's own parameter to the server.
-		u, err := url.Parse(databaseURL)
-		require.NoError(t, err)
-		q := u.Query()
-		q.Del("default_query_exec_mode")
-		if pgtest.ViaPgBouncer() {
-			// Outside a transaction lib/pq prepares and executes a
-			// statement with arguments in two round trips, which
-			// transaction pooling may send to two servers.
-			q.Set("binary_parameters", "yes")
-		}
-		u.RawQuery = q.Encode()
-		databaseURL = u.String()
-	}
-	db, err := sql.Open(driverName, databaseURL)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(maxConns)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
 
 // purgeSQLEnv is one test's view of one database/sql driver: a pgx pool
 // for setup and checks, a schema of its own, and the *sql.DB.
@@ -85,10 +54,10 @@ func (e *purgeSQLEnv) count(t *testing.T, table string) int {
 }
 
 func forEachPurgeSQLDriver(t *testing.T, f func(t *testing.T, e *purgeSQLEnv)) {
-	for _, d := range purgeSQLDrivers {
+	for _, d := range sqlDBDrivers {
 		t.Run(d.name, func(t *testing.T) {
 			pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
-			f(t, &purgeSQLEnv{driver: d.driver, pool: pool, s: pgtest.NewSchema(t, pool), db: openPurgeSQL(t, d.driver, 4)})
+			f(t, &purgeSQLEnv{driver: d.driver, pool: pool, s: pgtest.NewSchema(t, pool), db: openSQLDB(t, d.driver, pgtest.ClientURL(), 4)})
 		})
 	}
 }
@@ -456,7 +425,7 @@ func TestSQLPurgeInspectArgumentsAndHandles(t *testing.T) {
 			names = append(names, name)
 		}
 		sort.Strings(names)
-		closed := openPurgeSQL(t, e.driver, 1)
+		closed := openSQLDB(t, e.driver, pgtest.ClientURL(), 1)
 		require.NoError(t, closed.Close())
 		ended, err := e.db.BeginTx(ctx, nil)
 		require.NoError(t, err)

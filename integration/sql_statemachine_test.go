@@ -24,9 +24,6 @@ import (
 // State machines through idemsql's native API (idemsql.StateMachine), for
 // pgx's stdlib driver and lib/pq, on a *sql.DB and in a caller's *sql.Tx.
 
-// machineSQLDrivers are the database/sql drivers, by test name.
-var machineSQLDrivers = []struct{ name, driver string }{{"stdlib", "pgx"}, {"libpq", "postgres"}}
-
 // machineEnv is one test's view of one database/sql driver.
 type machineEnv struct {
 	pool *pgxpool.Pool // pgx, for setup and for counting
@@ -37,7 +34,7 @@ type machineEnv struct {
 // forEachMachineDriver runs f for each database/sql driver, with a fresh
 // schema and a *sql.DB of at most maxConns connections.
 func forEachMachineDriver(t *testing.T, maxConns int, f func(t *testing.T, e *machineEnv)) {
-	for _, d := range machineSQLDrivers {
+	for _, d := range sqlDBDrivers {
 		t.Run(d.name, func(t *testing.T) {
 			pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
 			f(t, &machineEnv{pool: pool, s: pgtest.NewSchema(t, pool), db: openSQLDB(t, d.driver, pgtest.ClientURL(), maxConns)})
