@@ -3,13 +3,11 @@ package idem
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/protocol"
 )
@@ -72,21 +70,14 @@ func Do[T any](ctx context.Context, db TxBeginner, key Key,
 // snapshot, so that transaction's owner must retry.
 func doOnTx[T any](ctx context.Context, db TxBeginner, key Key,
 	fn func(ctx context.Context, tx pgx.Tx) (T, error), cfg *config) (Result[T], error) {
-	start := time.Now()
 	_, isTx := db.(pgx.Tx)
-	for attempt := 1; ; attempt++ {
+	// Reported after the commit: an execution whose COMMIT fails is no
+	// execution.
+	v, replayed, err := protocol.Retried(ctx, pgxErrors{}, protocol.Key(key), cfg, !isTx, func() (T, bool, error) {
 		res, err := doOnTxOnce(ctx, db, key, fn, cfg)
-		// Reported after the commit: an execution whose COMMIT fails is
-		// no execution.
-		report(cfg, ctx, "Do", key, start, res.Replayed, err)
-		err = cfg.HoldError(err)
-		if err == nil || !IsRetryable(err) || attempt >= cfg.Retry.MaxAttempts || isTx {
-			return res, protocol.WithContextErr(ctx, err)
-		}
-		if err := backoff.Sleep(ctx, cfg.Retry.Backoff(attempt)); err != nil {
-			return Result[T]{}, err
-		}
-	}
+		return res.Value, res.Replayed, err
+	})
+	return Result[T]{Value: v, Replayed: replayed}, err
 }
 
 // doOnTxOnce is one attempt of doOnTx.

@@ -35,9 +35,7 @@ func WithRetry(p RetryPolicy) DoOption {
 }
 
 // valid reports whether no value is negative.
-func (p RetryPolicy) valid() bool {
-	return p.MaxAttempts >= 0 && p.BaseDelay >= 0 && p.MaxDelay >= 0
-}
+func (p RetryPolicy) valid() bool { return protocol.Retry(p).Valid() }
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
 	return RetryPolicy(protocol.Retry(p).WithDefaults())

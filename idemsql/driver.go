@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/protocol"
 )
@@ -21,10 +22,7 @@ import (
 // sqlErrors classifies the errors of PostgreSQL's database/sql drivers.
 type sqlErrors struct{}
 
-func (sqlErrors) Retryable(err error) bool {
-	code := pgerr.Code(err)
-	return code == pgerr.SerializationFailure || code == pgerr.DeadlockDetected
-}
+func (sqlErrors) Retryable(err error) bool { return idem.IsRetryable(err) }
 
 func (sqlErrors) LockTimeout(err error) bool { return pgerr.Code(err) == pgerr.LockNotAvailable }
 

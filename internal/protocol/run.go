@@ -129,20 +129,26 @@ func InTx[TTx, T any](ctx context.Context, e Errors, tx Tx[TTx], key Key, fn Fn[
 }
 
 // Do runs fn at most once per key in transactions of the protocol's own on
-// db, retrying serialization failures and deadlocks with the backoff of
-// c.Retry. It reports each attempt's outcome as an event, and makes an
-// error that a done ctx caused match ctx.Err().
+// db, retrying serialization failures and deadlocks (Retried).
 func Do[TTx, T any](ctx context.Context, e Errors, db Beginner[TTx], key Key, fn Fn[TTx, T], c *Config) (v T, replayed bool, err error) {
-	start := time.Now()
 	x := &execution[TTx, T]{cfg: c, fn: fn}
-	for attempt := 1; ; attempt++ {
-		v, replayed, err = doOnce(ctx, e, db, key, x, c)
+	return Retried(ctx, e, key, c, true, func() (T, bool, error) { return doOnce(ctx, e, db, key, x, c) })
+}
+
+// Retried makes the attempts of a Do: it reports each attempt's outcome as
+// an event, and runs attempt again after a serialization failure or a
+// deadlock, with the backoff of c.Retry, while retry is set and attempts
+// are left. An error that a done ctx caused matches ctx.Err().
+func Retried[T any](ctx context.Context, e Errors, key Key, c *Config, retry bool, attempt func() (T, bool, error)) (v T, replayed bool, err error) {
+	start := time.Now()
+	for n := 1; ; n++ {
+		v, replayed, err = attempt()
 		c.Report(ctx, c.Op, key, start, replayed, err)
 		err = c.HoldError(err)
-		if err == nil || !e.Retryable(err) || attempt >= c.Retry.MaxAttempts {
+		if err == nil || !retry || !e.Retryable(err) || n >= c.Retry.MaxAttempts {
 			return v, replayed, WithContextErr(ctx, err)
 		}
-		if err := backoff.Sleep(ctx, c.Retry.Backoff(attempt)); err != nil {
+		if err := backoff.Sleep(ctx, c.Retry.Backoff(n)); err != nil {
 			return v, false, err
 		}
 	}
