@@ -11,13 +11,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/puddle/v2"
 
+	"github.com/idemkit/idem/internal/dialect/postgres"
 	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/protocol"
 )
 
 // The pgx driver of the claim protocol (internal/protocol): statements go
 // in one pgx.Batch per group, BEGIN rides with the claim and COMMIT with
-// the completion, and fn receives the transaction behind a guard.
+// the completion, and fn receives the transaction behind a guard. The SQL
+// is PostgreSQL's dialect.
+
+// dialect is the SQL every call of this package runs.
+var dialect = postgres.Dialect
 
 // pgxErrors classifies pgx's errors.
 type pgxErrors struct{}

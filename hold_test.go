@@ -41,7 +41,7 @@ func TestHoldMillis(t *testing.T) {
 func TestHoldError(t *testing.T) {
 	idle := &pgconn.PgError{Severity: "FATAL", Code: "25P03"}
 	canceled := &pgconn.PgError{Code: "57014"}
-	bounded := &config{HoldTimeout: time.Second}
+	bounded := &config{HoldTimeout: time.Second, D: dialect}
 
 	require.ErrorIs(t, bounded.HoldError(fmt.Errorf("fn: %w", idle)), ErrHoldTimeout)
 	require.ErrorIs(t, bounded.HoldError(idle), idle)

@@ -53,7 +53,7 @@ func InsertOrGetTx(ctx context.Context, tx pgx.Tx, insert, lookup Query, dest ..
 		return false, fmt.Errorf("%w: InsertOrGetTx needs a transaction, an insert and a lookup", ErrInvalidOption)
 	}
 	gone := func() bool { c := tx.Conn(); return c != nil && c.IsClosed() }
-	created, err = protocol.InsertOrGetTx(ctx, pgxErrors{}, pgxTx{tx: tx}, gone, protocol.Query(insert), protocol.Query(lookup), dest)
+	created, err = protocol.InsertOrGetTx(ctx, dialect, pgxErrors{}, pgxTx{tx: tx}, gone, protocol.Query(insert), protocol.Query(lookup), dest)
 	var snap *protocol.SnapshotError
 	if errors.As(err, &snap) {
 		// As pgx reports a serialization failure of the server's.

@@ -38,7 +38,7 @@ func opsQuerier(db DBTX) protocol.Querier {
 // uncommitted claim is invisible to it. scope and id are validated like a
 // Key's (ErrInvalidKey). WithTable names the table.
 func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption) (*Record, error) {
-	r, err := protocol.Lookup(ctx, opsQuerier(db), pgxErrors{}, scope, id, Key{Scope: scope, ID: id}.Validate(), opts)
+	r, err := protocol.Lookup(ctx, dialect, opsQuerier(db), pgxErrors{}, scope, id, Key{Scope: scope, ID: id}.Validate(), opts)
 	return (*Record)(r), err
 }
 
@@ -50,7 +50,7 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...TableOption)
 // locked_until, so it reads the whole table: on a large table, run it from
 // a replica or off-peak. WithTable names the table.
 func Stuck(ctx context.Context, db DBTX, limit int, opts ...TableOption) ([]Record, error) {
-	rs, err := protocol.Stuck(ctx, opsQuerier(db), pgxErrors{}, limit, opts)
+	rs, err := protocol.Stuck(ctx, dialect, opsQuerier(db), pgxErrors{}, limit, opts)
 	return storedRecords(rs), err
 }
 
@@ -72,7 +72,7 @@ func storedRecords(rs []protocol.StoredRecord) []Record {
 // It reads through the expires_at and consumed_at indexes rather than the
 // whole tables. WithTable and WithInboxTable name the tables.
 func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, opts ...TableOption) (records, inbox int64, err error) {
-	return protocol.CountExpired(ctx, opsQuerier(db), pgxErrors{}, inboxRetention, opts)
+	return protocol.CountExpired(ctx, dialect, opsQuerier(db), pgxErrors{}, inboxRetention, opts)
 }
 
 // TableStats counts a record table's rows by status and reports its oldest
@@ -80,6 +80,6 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 // table (a sequential scan): on a large table, run it from a replica or
 // off-peak. WithTable names the table.
 func TableStats(ctx context.Context, db DBTX, opts ...TableOption) (*Stats, error) {
-	st, err := protocol.TableStats(ctx, opsQuerier(db), pgxErrors{}, opts)
+	st, err := protocol.TableStats(ctx, dialect, opsQuerier(db), pgxErrors{}, opts)
 	return (*Stats)(st), err
 }

@@ -97,7 +97,7 @@ func (o tableOpt) Configure(c *protocol.Config) { o(c) }
 type config = protocol.Config
 
 func newConfig[O DoOption](opts []O) (config, error) {
-	return protocol.NewConfig(opts)
+	return protocol.NewConfig(dialect, opts)
 }
 
 // newCall checks the arguments of a call that claims a key, before any SQL:
@@ -105,7 +105,7 @@ func newConfig[O DoOption](opts []O) (config, error) {
 // ErrInvalidOption saying what op needs), its options, and with
 // RequireIssued the token's shape. It returns the call's config.
 func newCall[O DoOption](op string, key Key, complete bool, needs string, opts []O) (config, error) {
-	return protocol.NewCall(op, protocol.Key(key), key.Validate(), complete, needs, opts)
+	return protocol.NewCall(dialect, op, protocol.Key(key), key.Validate(), complete, needs, opts)
 }
 
 // WithTTL sets how long the record of a first execution is kept and replayed;
@@ -170,12 +170,11 @@ func WithMaxResultSize(n int) KeyOption {
 // else the call fails with ErrInvalidOption before any SQL. They are always
 // quoted in SQL. migrations.Up creates the table under the same names.
 func WithTable(schema, table string) TableOption {
-	// Validate and build the statements once, not on every call.
 	if err := ident.ValidateTable(schema, table); err != nil {
 		return errOption(err)
 	}
-	q := protocol.QueriesFor(ident.Qualified(schema, table))
-	return tableOpt(func(c *config) { c.Q = q })
+	t := protocol.Table{Schema: schema, Name: table}
+	return tableOpt(func(c *config) { c.Table = t })
 }
 
 // WithInboxTable names the consume-once table (ConsumeOnce, and Purge's
@@ -185,8 +184,8 @@ func WithInboxTable(schema, table string) TableOption {
 	if err := ident.ValidateTable(schema, table); err != nil {
 		return errOption(err)
 	}
-	q := protocol.InboxQueriesFor(ident.Qualified(schema, table))
-	return tableOpt(func(c *config) { c.Inbox = q })
+	t := protocol.Table{Schema: schema, Name: table}
+	return tableOpt(func(c *config) { c.InboxTable = t })
 }
 
 // errOption is a TableOption that only reports err, for an option whose

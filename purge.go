@@ -66,7 +66,7 @@ type PurgeParams struct {
 // ctx's error when ctx ends, and with a batch's error when one fails for
 // good.
 func Purge(ctx context.Context, db DBTX, po PurgeParams, opts ...TableOption) (int64, error) {
-	return protocol.Purge(ctx, opsQuerier(db), pgxErrors{}, po.toProtocol(), withPurgeHooks(po.Hooks, opts))
+	return protocol.Purge(ctx, dialect, opsQuerier(db), pgxErrors{}, po.toProtocol(), withPurgeHooks(po.Hooks, opts))
 }
 
 // toProtocol is po to internal/protocol; its Hooks go as an option

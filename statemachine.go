@@ -84,7 +84,7 @@ var ErrVersionConflict = protocol.ErrVersionConflict
 // ErrInvalidOption) on unsafe identifiers, an empty transition set, a
 // transition from or to a state not in States, or a duplicate state.
 func NewStateMachine(cfg StateMachineConfig) (*StateMachine, error) {
-	m, err := protocol.NewMachine(protocol.MachineConfig(cfg))
+	m, err := protocol.NewMachine(dialect, protocol.MachineConfig(cfg))
 	if err != nil {
 		return nil, err
 	}

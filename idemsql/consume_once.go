@@ -39,7 +39,7 @@ func ConsumeOnce(ctx context.Context, tx *sql.Tx, consumer, messageID string,
 	if tx == nil || fn == nil {
 		return false, fmt.Errorf("%w: ConsumeOnce needs a transaction and a function", idem.ErrInvalidOption)
 	}
-	cfg, err := protocol.NewConfig(opts)
+	cfg, err := protocol.NewConfig(dialect, opts)
 	if err != nil {
 		return false, err
 	}

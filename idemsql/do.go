@@ -35,7 +35,7 @@ import (
 // says so ("idem: Do: the pool was closed: sql: database is closed").
 func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 	fn func(ctx context.Context, tx *sql.Tx) (T, error), opts ...idem.DoOption) (_ idem.Result[T], err error) {
-	cfg, err := protocol.NewCall("Do", protocol.Key(key), key.Validate(), db != nil && fn != nil, "a database and a function", opts)
+	cfg, err := protocol.NewCall(dialect, "Do", protocol.Key(key), key.Validate(), db != nil && fn != nil, "a database and a function", opts)
 	if err != nil {
 		return idem.Result[T]{}, err
 	}
@@ -56,7 +56,7 @@ func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 // already committed or rolled back is an ErrInvalidOption.
 func WithIdempotency[T any](ctx context.Context, tx *sql.Tx, key idem.Key,
 	fn func(ctx context.Context, tx *sql.Tx) (T, error), opts ...idem.Option) (_ idem.Result[T], err error) {
-	cfg, err := protocol.NewCall("WithIdempotency", protocol.Key(key), key.Validate(), tx != nil && fn != nil, "a transaction and a function", opts)
+	cfg, err := protocol.NewCall(dialect, "WithIdempotency", protocol.Key(key), key.Validate(), tx != nil && fn != nil, "a transaction and a function", opts)
 	if err != nil {
 		return idem.Result[T]{}, err
 	}

@@ -11,13 +11,18 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/dialect/postgres"
 	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/internal/protocol"
 )
 
 // The database/sql driver of idem's claim protocol (internal/protocol), for
 // PostgreSQL through lib/pq or pgx's stdlib driver: statements run one after
-// the other on the *sql.Tx, and fn receives that *sql.Tx itself.
+// the other on the *sql.Tx, and fn receives that *sql.Tx itself. The SQL is
+// PostgreSQL's dialect, the same as the pgx driver's.
+
+// dialect is the SQL every call of this package runs.
+var dialect = postgres.Dialect
 
 // sqlErrors classifies the errors of PostgreSQL's database/sql drivers.
 type sqlErrors struct{}

@@ -19,7 +19,7 @@ import (
 // are validated like a Key's (idem.ErrInvalidKey). idem.WithTable names the
 // table.
 func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...idem.TableOption) (*idem.Record, error) {
-	r, err := protocol.Lookup(ctx, opsQuerier(db), sqlErrors{}, scope, id, idem.Key{Scope: scope, ID: id}.Validate(), opts)
+	r, err := protocol.Lookup(ctx, dialect, opsQuerier(db), sqlErrors{}, scope, id, idem.Key{Scope: scope, ID: id}.Validate(), opts)
 	return (*idem.Record)(r), err
 }
 
@@ -30,7 +30,7 @@ func Lookup(ctx context.Context, db DBTX, scope, id string, opts ...idem.TableOp
 // large table, run it from a replica or off-peak. idem.WithTable names the
 // table.
 func Stuck(ctx context.Context, db DBTX, limit int, opts ...idem.TableOption) ([]idem.Record, error) {
-	rs, err := protocol.Stuck(ctx, opsQuerier(db), sqlErrors{}, limit, opts)
+	rs, err := protocol.Stuck(ctx, dialect, opsQuerier(db), sqlErrors{}, limit, opts)
 	if rs == nil {
 		return nil, err
 	}
@@ -47,7 +47,7 @@ func Stuck(ctx context.Context, db DBTX, limit int, opts ...idem.TableOption) ([
 // that. It reads through the expires_at and consumed_at indexes.
 // idem.WithTable and idem.WithInboxTable name the tables.
 func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, opts ...idem.TableOption) (records, inbox int64, err error) {
-	return protocol.CountExpired(ctx, opsQuerier(db), sqlErrors{}, inboxRetention, opts)
+	return protocol.CountExpired(ctx, dialect, opsQuerier(db), sqlErrors{}, inboxRetention, opts)
 }
 
 // TableStats counts a record table's rows by status and reports its oldest
@@ -55,6 +55,6 @@ func CountExpired(ctx context.Context, db DBTX, inboxRetention time.Duration, op
 // does. It reads the whole table: on a large table, run it from a replica
 // or off-peak. idem.WithTable names the table.
 func TableStats(ctx context.Context, db DBTX, opts ...idem.TableOption) (*idem.Stats, error) {
-	st, err := protocol.TableStats(ctx, opsQuerier(db), sqlErrors{}, opts)
+	st, err := protocol.TableStats(ctx, dialect, opsQuerier(db), sqlErrors{}, opts)
 	return (*idem.Stats)(st), err
 }

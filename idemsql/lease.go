@@ -79,7 +79,7 @@ func (l *Lease[T]) use(db DBTX) (*protocol.Lease[T], protocol.Querier, error) {
 // with SQLSTATE 40001 instead; the transaction must roll back either way.
 func Claim[T any](ctx context.Context, db DBTX, key idem.Key, lease time.Duration, opts ...idem.KeyOption) (_ *Lease[T], _ idem.Result[T], err error) {
 	var zero idem.Result[T]
-	cfg, err := protocol.NewCall("Claim", protocol.Key(key), key.Validate(), !handle.Missing(db) && lease > 0, "a database and a positive lease", opts)
+	cfg, err := protocol.NewCall(dialect, "Claim", protocol.Key(key), key.Validate(), !handle.Missing(db) && lease > 0, "a database and a positive lease", opts)
 	if err != nil {
 		return nil, zero, err
 	}

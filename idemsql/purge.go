@@ -35,7 +35,7 @@ import (
 // or rolled back, fails with an error that says so (the latter matching
 // idem.ErrInvalidOption).
 func Purge(ctx context.Context, db DBTX, po idem.PurgeParams, opts ...idem.TableOption) (int64, error) {
-	return protocol.Purge(ctx, opsQuerier(db), sqlErrors{}, purgeParams(po), purgeOptions(po.Hooks, opts))
+	return protocol.Purge(ctx, dialect, opsQuerier(db), sqlErrors{}, purgeParams(po), purgeOptions(po.Hooks, opts))
 }
 
 // opsQuerier is db to the protocol, or nil when db is missing (nil, or a

@@ -31,7 +31,7 @@ func (m *StateMachine) machine() *protocol.Machine {
 // parameter, so it may be any value the database/sql driver sends for the
 // id column.
 func NewStateMachine(cfg idem.StateMachineConfig) (*StateMachine, error) {
-	m, err := protocol.NewMachine(protocol.MachineConfig(cfg))
+	m, err := protocol.NewMachine(dialect, protocol.MachineConfig(cfg))
 	if err != nil {
 		return nil, err
 	}

@@ -30,7 +30,7 @@ func IssueToken(ctx context.Context, db DBTX, scope string, ttl time.Duration, o
 	if handle.Missing(db) || ttl <= 0 {
 		return "", fmt.Errorf("%w: IssueToken needs a database and a positive TTL", idem.ErrInvalidOption)
 	}
-	cfg, err := protocol.NewConfig(opts)
+	cfg, err := protocol.NewConfig(dialect, opts)
 	if err != nil {
 		return "", err
 	}

@@ -30,9 +30,9 @@ import (
 //     after a conflict ends it in its round trip, so an execution costs
 //     the round trips of a bare transaction and a replay two.
 //
-// No-wait mode queues the table's lock, NoWaitSet and NoWaitRestore around
-// the claiming statement, whichever it is; a claim that times out is
-// ErrInProgress.
+// No-wait mode queues the table's lock, the dialect's NoWaitSet and
+// NoWaitRestore around the claiming statement, whichever it is; a claim
+// that times out is ErrInProgress.
 
 // MaxClaimTries bounds the claim loop, whose every turn runs one claiming
 // statement (the INSERT, or a takeover) and, when it claims nothing, the
@@ -77,7 +77,11 @@ func claimStmts(c *Config, st *claimStep, attempt *int32, claimed *bool) []Stmt 
 	if !c.NoWait {
 		return []Stmt{claim}
 	}
-	return []Stmt{{SQL: c.Q.LockTable}, {SQL: NoWaitSet}, claim, {SQL: NoWaitRestore}}
+	stmts := make([]Stmt, 0, 4)
+	if c.Q.LockTable != "" {
+		stmts = append(stmts, Stmt{SQL: c.Q.LockTable})
+	}
+	return append(stmts, Stmt{SQL: c.D.NoWaitSet}, claim, Stmt{SQL: c.D.NoWaitRestore})
 }
 
 // claimKey claims key with s. It returns the claimed record, or the existing

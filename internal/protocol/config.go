@@ -6,11 +6,14 @@
 // root package (pgx) and idemsql (database/sql) are fronts on it; each
 // supplies its driver: the interfaces of driver.go.
 //
-// The protocol knows no driver. What it needs of one is in driver.go: how a
-// group of statements runs (pgx sends it as one batch, database/sql one
-// statement after the other), how a transaction of its own begins and ends,
-// what fn receives, what a failed COMMIT means, and how errors are
-// classified (Errors).
+// The protocol knows no driver and no database. What it needs of a driver
+// is in driver.go: how a group of statements runs (pgx sends it as one
+// batch, database/sql one statement after the other), how a transaction of
+// its own begins and ends, what fn receives, what a failed COMMIT means, and
+// how the driver's errors are classified (Errors). What it needs of a
+// database is its Dialect (dialect.go): every statement, with the
+// database's quoting and clock, and the classification of the database's
+// errors (SQLErrors). internal/dialect/postgres is PostgreSQL's.
 package protocol
 
 import (
@@ -111,8 +114,12 @@ type Config struct {
 	// RequireIssued accepts only tokens from IssueToken.
 	RequireIssued bool
 	Codec         Codec
-	Q             *Queries      // the record table's statements
-	Inbox         *InboxQueries // the inbox table's statements
+	// Table and InboxTable name the record and inbox tables; NewConfig
+	// resolves them to their statements in the call's dialect.
+	Table, InboxTable Table
+	D                 *Dialect      // the call's dialect
+	Q                 *Queries      // the record table's statements
+	Inbox             *InboxQueries // the inbox table's statements
 	// TxOptions are the driver's options for the transactions Do begins
 	// (pgx.TxOptions), or nil.
 	TxOptions   any
@@ -137,11 +144,11 @@ type Option interface {
 	Configure(*Config)
 }
 
-// NewConfig is the Config of a call with opts applied to the defaults. A nil
-// option is skipped; one that is not an Option (none of idem's) is an
-// ErrInvalidOption.
-func NewConfig[O any](opts []O) (Config, error) {
-	c := Config{TTL: DefaultTTL, Q: DefaultQueries, Inbox: DefaultInboxQueries, MaxResult: DefaultMaxResult}
+// NewConfig is the Config of a call in dialect d with opts applied to the
+// defaults. A nil option is skipped; one that is not an Option (none of
+// idem's) is an ErrInvalidOption.
+func NewConfig[O any](d *Dialect, opts []O) (Config, error) {
+	c := Config{TTL: DefaultTTL, Table: DefaultRecords, InboxTable: DefaultInbox, D: d, MaxResult: DefaultMaxResult}
 	for _, o := range opts {
 		switch o := any(o).(type) {
 		case nil:
@@ -152,6 +159,7 @@ func NewConfig[O any](opts []O) (Config, error) {
 		}
 	}
 	c.Retry = c.Retry.WithDefaults()
+	c.Q, c.Inbox = d.RecordsOf(c.Table), d.InboxOf(c.InboxTable)
 	return c, c.Err
 }
 

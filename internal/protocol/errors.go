@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-
-	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // The sentinel errors. The root package exports each under its own name
@@ -99,33 +96,31 @@ func WithContextErr(ctx context.Context, err error) error {
 
 // HoldError makes an error that the hold timeout's idle bound caused match
 // ErrHoldTimeout: the server ended the session of a transaction that sat
-// idle too long (SQLSTATE 25P03), so nothing of it committed. A statement
-// the bound cancelled (57014) is left as it is: the same SQLSTATE comes from
-// other cancellations, and it does not end the transaction. A Permanent
-// error was recorded, so it is not one.
+// idle too long (the dialect's IdleTimeout; PostgreSQL's 25P03), so nothing
+// of it committed. A statement the bound cancelled (PostgreSQL's 57014) is
+// left as it is: the same error comes from other cancellations, and it does
+// not end the transaction. A Permanent error was recorded, so it is not
+// one.
 func (c *Config) HoldError(err error) error {
-	if err == nil || c.HoldTimeout == 0 || IsPermanent(err) || pgerr.Code(err) != pgerr.IdleInTxTimeout {
+	if err == nil || c.HoldTimeout == 0 || IsPermanent(err) || !c.D.IdleTimeout(err) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrHoldTimeout, err)
 }
 
 // ExplainMissingTable adds to *errp, when a statement failed because a
-// table the call names does not exist (SQLSTATE 42P01), how to create it.
-// Other errors, a missing table of the caller's own, and an error already
-// explained (by an idem call nested in fn) stay as they are.
+// table the call names does not exist (the dialect's MissingTable), how to
+// create it. Other errors, a missing table of the caller's own, and an
+// error already explained (by an idem call nested in fn) stay as they are.
 func (c *Config) ExplainMissingTable(errp *error) {
 	err := *errp
 	var done *missingTableError
-	if err == nil || pgerr.Code(err) != pgerr.UndefinedTable || errors.As(err, &done) {
+	if err == nil || c.D == nil || errors.As(err, &done) {
 		return
 	}
-	for _, t := range []string{c.Q.Table, c.Inbox.Table} {
-		// PostgreSQL names the relation as written, unquoted:
-		// relation "schema.table" does not exist.
-		name := strings.ReplaceAll(t, `"`, "")
-		if strings.Contains(err.Error(), `"`+name+`"`) {
-			*errp = &missingTableError{table: name, err: err}
+	for _, t := range []Table{c.Table, c.InboxTable} {
+		if c.D.MissingTable(err, t) {
+			*errp = &missingTableError{table: t.String(), err: err}
 			return
 		}
 	}

@@ -3,8 +3,6 @@ package protocol
 import (
 	"context"
 	"errors"
-
-	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // Create once: InsertOrGet and InsertOrGetTx.
@@ -37,11 +35,15 @@ const SnapshotMessage = "idem: InsertOrGetTx: the existing row was committed aft
 
 // Error says what happened, with the SQLSTATE.
 func (*SnapshotError) Error() string {
-	return SnapshotMessage + " (SQLSTATE " + pgerr.SerializationFailure + ")"
+	return SnapshotMessage + " (SQLSTATE " + serializationFailure + ")"
 }
 
 // SQLState returns 40001.
-func (*SnapshotError) SQLState() string { return pgerr.SerializationFailure }
+func (*SnapshotError) SQLState() string { return serializationFailure }
+
+// serializationFailure is the SQL standard's SQLSTATE of a transaction that
+// must be retried.
+const serializationFailure = "40001"
 
 // destOf is dest as a Stmt's Dest: never nil, so that the statement's row is
 // scanned (and a mismatch of columns reported) even with no destination.
@@ -81,13 +83,13 @@ func InsertOrGet(ctx context.Context, e Errors, db Querier, insert, lookup Query
 
 // InsertOrGetTx is InsertOrGet for a plain INSERT ... RETURNING, in the
 // caller's transaction tx (idem.InsertOrGetTx): the insert runs in
-// savepoint spCreate, and a unique violation (SQLSTATE 23505) rolls back to
+// savepoint spCreate, and a unique violation (the dialect's Unique) rolls back to
 // it and runs lookup instead. Any other error of insert is returned after
 // the savepoint is rolled back, so tx stays usable. gone, when not nil,
 // reports that tx's connection is closed: a failure then is returned
 // without trying to roll back. Under REPEATABLE READ or SERIALIZABLE, a
 // conflicting row committed after the snapshot is a *SnapshotError.
-func InsertOrGetTx(ctx context.Context, e Errors, tx Exec, gone func() bool, insert, lookup Query, dest []any) (created bool, err error) {
+func InsertOrGetTx(ctx context.Context, d *Dialect, e Errors, tx Exec, gone func() bool, insert, lookup Query, dest []any) (created bool, err error) {
 	dest = destOf(dest)
 	for range MaxClaimTries {
 		var inserted bool
@@ -109,15 +111,15 @@ func InsertOrGetTx(ctx context.Context, e Errors, tx Exec, gone func() bool, ins
 				// roll back.
 				return false, ClosedHandle("InsertOrGetTx", err, e.Closed)
 			}
-			if pgerr.Code(err) == "" && gone != nil && gone() {
-				return false, err // the connection is gone
+			if gone != nil && gone() {
+				return false, err // the connection is gone: nothing to roll back
 			}
 		}
 		rerr := tx.Run(ctx, Stmt{SQL: "ROLLBACK TO SAVEPOINT " + spCreate + "; RELEASE SAVEPOINT " + spCreate})
 		if rerr != nil {
 			return false, errors.Join(err, rerr)
 		}
-		if err != nil && pgerr.Code(err) != pgerr.UniqueViolation {
+		if err != nil && !d.Unique(err) {
 			return false, err
 		}
 		var found bool
@@ -129,11 +131,11 @@ func InsertOrGetTx(ctx context.Context, e Errors, tx Exec, gone func() bool, ins
 		}
 		// The row that conflicted is not visible: deleted since, or, under
 		// REPEATABLE READ and SERIALIZABLE, committed after the snapshot.
-		var iso string
-		if err := tx.Run(ctx, Stmt{SQL: "SELECT current_setting('transaction_isolation')", Dest: []any{&iso}}); err != nil {
+		var readCommitted bool
+		if err := tx.Run(ctx, Stmt{SQL: d.ReadCommittedNow, Dest: []any{&readCommitted}}); err != nil {
 			return false, err
 		}
-		if iso != "read committed" {
+		if !readCommitted {
 			return false, &SnapshotError{}
 		}
 	}

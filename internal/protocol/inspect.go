@@ -22,12 +22,9 @@ type StoredRecord struct {
 	CreatedAt, UpdatedAt, ExpiresAt time.Time
 }
 
-// inspectColumns are what Lookup and Stuck read, in the order of
-// StoredRecord.dest.
-const inspectColumns = `scope, key, status, attempt, fingerprint, response, locked_until,
-	coalesce(recovery_point, ''), created_at, updated_at, expires_at`
-
-// dest is where a row of inspectColumns is scanned. A NULL locked_until,
+// dest is where a row of Queries.Lookup or Queries.Stuck is scanned: scope,
+// key, status, attempt, fingerprint, response, locked_until, recovery_point
+// (empty for none), created_at, updated_at, expires_at. A NULL locked_until,
 // fingerprint or response leaves the field nil, with every driver: each
 // scans NULL into a pointer or a []byte as nil.
 func (r *StoredRecord) dest() []any {
@@ -47,21 +44,21 @@ type Stats struct {
 // Lookup returns the record of a key, expired or not, or ErrNotFound
 // (idem.Lookup). q is nil when the front was given no database; keyErr is
 // the key's validation error. Both are checked before any SQL.
-func Lookup[O any](ctx context.Context, q Querier, errs Errors, scope, id string, keyErr error, opts []O) (_ *StoredRecord, err error) {
+func Lookup[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, scope, id string, keyErr error, opts []O) (_ *StoredRecord, err error) {
 	if q == nil {
 		return nil, fmt.Errorf("%w: Lookup needs a database", ErrInvalidOption)
 	}
 	if keyErr != nil {
 		return nil, keyErr
 	}
-	cfg, err := NewConfig(opts)
+	cfg, err := NewConfig(d, opts)
 	if err != nil {
 		return nil, err
 	}
 	defer cfg.ExplainMissingTable(&err)
 	var r StoredRecord
 	found := false
-	err = q.Run(ctx, Stmt{SQL: `SELECT ` + inspectColumns + ` FROM ` + cfg.Q.Table + ` WHERE scope = $1 AND key = $2`,
+	err = q.Run(ctx, Stmt{SQL: cfg.Q.Lookup,
 		Args: []any{scope, id}, Dest: r.dest(), Found: &found})
 	if err != nil {
 		return nil, opError(ctx, errs, "Lookup", "looking up a record", err)
@@ -75,19 +72,17 @@ func Lookup[O any](ctx context.Context, q Querier, errs Errors, scope, id string
 // Stuck lists lease-mode records still processing whose lease ran out, the
 // longest-expired first, at most limit of them (idem.Stuck). A nil q or a
 // limit that is not positive is an ErrInvalidOption, before any SQL.
-func Stuck[O any](ctx context.Context, q Querier, errs Errors, limit int, opts []O) (_ []StoredRecord, err error) {
+func Stuck[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, limit int, opts []O) (_ []StoredRecord, err error) {
 	if q == nil || limit <= 0 {
 		return nil, fmt.Errorf("%w: Stuck needs a database and a positive limit", ErrInvalidOption)
 	}
-	cfg, err := NewConfig(opts)
+	cfg, err := NewConfig(d, opts)
 	if err != nil {
 		return nil, err
 	}
 	defer cfg.ExplainMissingTable(&err)
 	out := []StoredRecord{}
-	err = q.Run(ctx, Stmt{SQL: `SELECT ` + inspectColumns + ` FROM ` + cfg.Q.Table + `
-	WHERE ` + StuckLease + `
-	ORDER BY locked_until LIMIT $1`, Args: []any{limit}, Each: func(scan func(dest ...any) error) error {
+	err = q.Run(ctx, Stmt{SQL: cfg.Q.Stuck, Args: []any{limit}, Each: func(scan func(dest ...any) error) error {
 		var r StoredRecord
 		if err := scan(r.dest()...); err != nil {
 			return err
@@ -105,23 +100,21 @@ func Stuck[O any](ctx context.Context, q Querier, errs Errors, limit int, opts [
 // when inboxRetention is positive, the inbox rows consumed longer ago than
 // that (idem.CountExpired). A nil q or a negative retention is an
 // ErrInvalidOption, before any SQL.
-func CountExpired[O any](ctx context.Context, q Querier, errs Errors, inboxRetention time.Duration, opts []O) (records, inbox int64, err error) {
+func CountExpired[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, inboxRetention time.Duration, opts []O) (records, inbox int64, err error) {
 	if q == nil || inboxRetention < 0 {
 		return 0, 0, fmt.Errorf("%w: CountExpired needs a database and a non-negative retention", ErrInvalidOption)
 	}
-	cfg, err := NewConfig(opts)
+	cfg, err := NewConfig(d, opts)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer cfg.ExplainMissingTable(&err)
-	err = q.Run(ctx, Stmt{SQL: `SELECT count(*) FROM ` + cfg.Q.Table + `
-	WHERE ` + Purgeable, Dest: []any{&records}})
+	err = q.Run(ctx, Stmt{SQL: cfg.Q.CountExpired, Dest: []any{&records}})
 	if err != nil {
 		return 0, 0, opError(ctx, errs, "CountExpired", "counting expired records", err)
 	}
 	if inboxRetention > 0 {
-		err = q.Run(ctx, Stmt{SQL: `SELECT count(*) FROM ` + cfg.Inbox.Table + `
-	WHERE consumed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'`,
+		err = q.Run(ctx, Stmt{SQL: cfg.Inbox.CountExpired,
 			Args: []any{inboxRetention.Microseconds()}, Dest: []any{&inbox}})
 		if err != nil {
 			return records, 0, opError(ctx, errs, "CountExpired", "counting expired inbox rows", err)
@@ -133,27 +126,17 @@ func CountExpired[O any](ctx context.Context, q Querier, errs Errors, inboxReten
 // TableStats counts a record table's rows by status and reports its oldest
 // record and its size, in one statement (one snapshot) (idem.TableStats). A
 // nil q is an ErrInvalidOption, before any SQL.
-func TableStats[O any](ctx context.Context, q Querier, errs Errors, opts []O) (_ *Stats, err error) {
+func TableStats[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, opts []O) (_ *Stats, err error) {
 	if q == nil {
 		return nil, fmt.Errorf("%w: TableStats needs a database", ErrInvalidOption)
 	}
-	cfg, err := NewConfig(opts)
+	cfg, err := NewConfig(d, opts)
 	if err != nil {
 		return nil, err
 	}
 	defer cfg.ExplainMissingTable(&err)
-	t := cfg.Q.Table
 	st := &Stats{Statuses: map[string]int64{}}
-	// One statement, one scan, one snapshot: a row per status (none for an
-	// empty table, hence the outer join), each with the sizes.
-	err = q.Run(ctx, Stmt{SQL: `WITH s AS (SELECT status, count(*) AS n,
-		count(*) FILTER (WHERE ` + Purgeable + `) AS expired,
-		count(*) FILTER (WHERE ` + StuckLease + `) AS stuck,
-		min(created_at) AS oldest
-	FROM ` + t + ` GROUP BY status)
-	SELECT s.status, coalesce(s.n, 0), coalesce(s.expired, 0), coalesce(s.stuck, 0), s.oldest,
-		pg_table_size($1::regclass), pg_indexes_size($1::regclass)
-	FROM (SELECT 1) AS one LEFT JOIN s ON true`, Args: []any{t}, Each: func(scan func(dest ...any) error) error {
+	err = q.Run(ctx, Stmt{SQL: cfg.Q.Stats, Each: func(scan func(dest ...any) error) error {
 		var (
 			status            *string
 			n, expired, stuck int64

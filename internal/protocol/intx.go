@@ -83,7 +83,7 @@ func (c *inTx[TTx]) outerSavepoint() string {
 // put back at completion.
 func (c *inTx[TTx]) bound(ctx context.Context, d time.Duration) error {
 	var prev [2]string
-	err := c.tx.Run(ctx, Stmt{SQL: HoldRead, Dest: []any{&prev[0], &prev[1]}}, Stmt{SQL: HoldSet, Args: []any{HoldMillis(d)}})
+	err := c.tx.Run(ctx, Stmt{SQL: c.cfg.D.HoldRead, Dest: []any{&prev[0], &prev[1]}}, Stmt{SQL: c.cfg.D.HoldSet, Args: []any{HoldMillis(d)}})
 	if err != nil {
 		return fmt.Errorf("idem: applying the hold timeout: %w", err)
 	}
@@ -102,7 +102,7 @@ func (c *inTx[TTx]) complete(ctx context.Context, status string, data []byte, at
 	stmts := make([]Stmt, 0, 3)
 	stmts = append(stmts, Stmt{SQL: c.cfg.Q.Complete, Args: []any{c.key.Scope, c.key.ID, status, data, attempt}})
 	if c.held != nil {
-		stmts = append(stmts, Stmt{SQL: HoldRestore, Args: []any{c.held[0], c.held[1]}})
+		stmts = append(stmts, Stmt{SQL: c.cfg.D.HoldRestore, Args: []any{c.held[0], c.held[1]}})
 	}
 	stmts = append(stmts, Stmt{SQL: "RELEASE SAVEPOINT " + c.outerSavepoint()})
 	err := c.tx.Run(ctx, stmts...)

@@ -19,24 +19,15 @@ import (
 // LeaseClaimIssued with RequireIssued), which inserts a processing record
 // with a lease or takes over one whose lease ran out, and the read of the
 // record, which the claim judges when it claimed nothing. Outside a
-// transaction of the caller's, the group begins with ClaimLockTimeout's
-// setting: the group runs as one transaction of its own (pgx: a batch's
-// implicit transaction; database/sql: BEGIN and COMMIT around it), so the
-// setting ends with it. Claim never waits for a live lease: it answers
+// transaction of the caller's, the group begins with the dialect's
+// ClaimLockTimeout setting: the group runs as one transaction of its own
+// (pgx: a batch's implicit transaction; database/sql: BEGIN and COMMIT
+// around it), so the setting ends with it. Claim never waits for a live lease: it answers
 // ErrInProgress.
 //
 // The lease's other statements are guarded by the attempt number the claim
 // returned: one that matches no row means another worker took the key over
 // (ErrLeaseLost).
-
-// ClaimLockTimeout bounds how long Claim may wait for a row another
-// transaction holds (a holder completing, a purge batch) before answering
-// ErrInProgress.
-const ClaimLockTimeout = "100ms"
-
-// claimLockTimeoutSet applies ClaimLockTimeout to the rest of the claim's
-// transaction.
-const claimLockTimeoutSet = `SELECT set_config('lock_timeout', $1, true)`
 
 // Lease is the state of a committed claim on a key (idem.Lease's): the key,
 // the attempt that fences out other holders, the recovery point and its
@@ -115,7 +106,7 @@ func claimLease[T any](ctx context.Context, e Errors, q Querier, key Key, lease 
 		if !inTx {
 			// The group runs as one transaction of its own: the setting
 			// ends with it.
-			stmts = append(stmts, Stmt{SQL: claimLockTimeoutSet, Args: []any{ClaimLockTimeout}})
+			stmts = append(stmts, Stmt{SQL: c.D.ClaimLockTimeout})
 		}
 		stmts = append(stmts,
 			Stmt{SQL: claimSQL, Args: args, Dest: []any{&l.attempt, &l.point, &l.data}, Found: &claimed},

@@ -33,7 +33,7 @@ func (leaseErrors) Closed(error) (what string, _ bool) { return "", false }
 
 func leaseConfig(t *testing.T) *Config {
 	t.Helper()
-	c, err := NewConfig([]Option(nil))
+	c, err := NewConfig(testDialect, []Option(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,8 +63,8 @@ func TestClaimLockTimeoutOnlyOutsideATransaction(t *testing.T) {
 			t.Fatalf("inTx %v: lease %v, err %v", inTx, l, err)
 		}
 		g := q.groups[0]
-		set := g[0].SQL == claimLockTimeoutSet
-		if set == inTx || (set && g[0].Args[0] != ClaimLockTimeout) {
+		set := g[0].SQL == testDialect.ClaimLockTimeout
+		if set == inTx {
 			t.Errorf("inTx %v: the group begins with %q %v", inTx, g[0].SQL, g[0].Args)
 		}
 		if want := 3 - btoi(inTx); len(g) != want {
@@ -140,7 +140,7 @@ func TestRenewedAtKeepsTheLatest(t *testing.T) {
 func TestUsable(t *testing.T) {
 	var nilLease *Lease[int]
 	for name, err := range map[string]error{
-		"nil handle": (&Lease[int]{cfg: Config{Q: DefaultQueries}}).Usable(nil),
+		"nil handle": (&Lease[int]{cfg: Config{Q: testDialect.RecordsOf(DefaultRecords)}}).Usable(nil),
 		"nil lease":  nilLease.Usable(&leaseQuerier{}),
 		"zero lease": new(Lease[int]).Usable(&leaseQuerier{}),
 	} {

@@ -25,7 +25,7 @@ func (c *own[TTx]) open(ctx context.Context, st *claimStep) (attempt int32, clai
 		// another holder; for a claimed key only where the driver can tell
 		// (pgx sends it in the claim's batch: it then also bounds the read
 		// of a replay, a round trip away).
-		stmts = append(stmts, Stmt{SQL: HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}, OnlyIf: &claimed})
+		stmts = append(stmts, Stmt{SQL: c.cfg.D.HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}, OnlyIf: &claimed})
 	}
 	tx, err := c.conn.Begin(ctx, stmts...)
 	if err != nil {

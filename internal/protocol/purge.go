@@ -30,17 +30,6 @@ const (
 	DefaultPacedPurgeBatch = 2_000
 )
 
-// purgeLockTimeout bounds how long a purge batch waits for a row another
-// transaction holds before it is redone skipping such rows.
-const purgeLockTimeout = "20ms"
-
-// purgeIsolation starts each purge batch's transaction.
-const purgeIsolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
-
-// purgeLockTimeoutSet lowers lock_timeout for the rest of the batch's
-// transaction ($1: purgeLockTimeout).
-const purgeLockTimeoutSet = `SELECT set_config('lock_timeout', $1, true)`
-
 // Pacer spreads a purge's batches to at most Rate rows per second on
 // average since Start.
 type Pacer struct {
@@ -76,7 +65,7 @@ func (p *Pacer) Wait(ctx context.Context, n int64) error {
 // a serialization failure or a deadlock is redone with po.Retry. Inside the
 // caller's transaction every batch skips held rows and leaves its settings
 // and isolation alone.
-func Purge[O any](ctx context.Context, q Querier, errs Errors, po PurgeParams, opts []O) (total int64, err error) {
+func Purge[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, po PurgeParams, opts []O) (total int64, err error) {
 	if q == nil || po.BatchSize < 0 || po.InboxRetention < 0 || po.RowsPerSecond < 0 || !po.Retry.Valid() {
 		return 0, fmt.Errorf("%w: Purge needs a database and non-negative parameters", ErrInvalidOption)
 	}
@@ -86,7 +75,7 @@ func Purge[O any](ctx context.Context, q Querier, errs Errors, po PurgeParams, o
 			po.BatchSize = DefaultPacedPurgeBatch
 		}
 	}
-	cfg, err := NewConfig(opts)
+	cfg, err := NewConfig(d, opts)
 	if err != nil {
 		return 0, err
 	}
@@ -104,14 +93,14 @@ func Purge[O any](ctx context.Context, q Querier, errs Errors, po PurgeParams, o
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		n, err := purgeBatch(ctx, q, errs, cfg.Q, po.BatchSize, inTx)
+		n, err := purgeBatch(ctx, q, errs, &cfg, po.BatchSize, inTx)
 		// A batch is its own transaction: one that fails with 40001 or
 		// 40P01 is simply done again.
 		for try := 1; err != nil && errs.Retryable(err) && !inTx && try < retry.MaxAttempts; try++ {
 			if serr := backoff.Sleep(ctx, retry.Backoff(try)); serr != nil {
 				return total, serr
 			}
-			n, err = purgeBatch(ctx, q, errs, cfg.Q, po.BatchSize, inTx)
+			n, err = purgeBatch(ctx, q, errs, &cfg, po.BatchSize, inTx)
 		}
 		if err != nil {
 			return total, opError(ctx, errs, "Purge", "purging records", err)
@@ -146,22 +135,23 @@ func Purge[O any](ctx context.Context, q Querier, errs Errors, po PurgeParams, o
 // with the transaction); if it meets a row another transaction holds, the
 // batch is done again with FOR UPDATE SKIP LOCKED. Inside the caller's
 // transaction only the skipping form is used.
-func purgeBatch(ctx context.Context, q Querier, errs Errors, qs *Queries, size int, inTx bool) (int64, error) {
+func purgeBatch(ctx context.Context, q Querier, errs Errors, c *Config, size int, inTx bool) (int64, error) {
 	var n int64
+	qs := c.Q
 	if inTx {
 		err := q.Run(ctx, Stmt{SQL: qs.PurgeSkipLocked, Args: []any{size}, Affected: &n})
 		return n, err
 	}
 	err := q.Run(ctx,
-		Stmt{SQL: purgeIsolation},
-		Stmt{SQL: purgeLockTimeoutSet, Args: []any{purgeLockTimeout}},
+		Stmt{SQL: c.D.ReadCommitted},
+		Stmt{SQL: c.D.PurgeLockTimeout},
 		Stmt{SQL: qs.Purge, Args: []any{size}, Affected: &n})
 	if err == nil || !errs.LockTimeout(err) {
 		return n, err
 	}
 	n = 0
 	err = q.Run(ctx,
-		Stmt{SQL: purgeIsolation},
+		Stmt{SQL: c.D.ReadCommitted},
 		Stmt{SQL: qs.PurgeSkipLocked, Args: []any{size}, Affected: &n})
 	return n, err
 }

@@ -14,7 +14,9 @@ type Record struct {
 	LeaseLive   bool // locked_until is in the future
 }
 
-// Dest is where a row of RecordColumns is scanned.
+// Dest is where a row of Queries.Read is scanned: attempt, status,
+// fingerprint, response, whether it expired, whether it has a lease, whether
+// the lease is live.
 func (r *Record) Dest() []any {
 	return []any{&r.Attempt, &r.Status, &r.Fingerprint, &r.Response, &r.Expired, &r.Leased, &r.LeaseLive}
 }

@@ -42,16 +42,12 @@ type MachineConfig struct {
 // Machine runs conditional-UPDATE transitions on one table. It is safe for
 // concurrent use.
 type Machine struct {
-	cfg     MachineConfig
-	table   string // quoted, qualified
-	history string // quoted, qualified, or ""
-	id      string // quoted column names
-	state   string
-	version string              // or ""
-	from    map[string][]string // to → the states that may reach it, sorted
-	states  map[string]bool
-	plain   map[string]string // to → the statement without options
-	read    string
+	cfg    MachineConfig
+	q      MachineQueries      // the dialect's statements
+	from   map[string][]string // to → the states that may reach it, sorted
+	states map[string]bool
+	plain  map[string]string // to → the statement without options
+	read   string
 }
 
 // TransitionResult is idem.TransitionResult, field for field.
@@ -89,10 +85,11 @@ func (e *TransitionError) Is(target error) bool {
 	return target == ErrInvalidTransition || (e.versionConflict && target == ErrVersionConflict)
 }
 
-// NewMachine validates cfg and returns the machine. It fails (matching
+// NewMachine validates cfg and returns the machine, whose statements are in
+// dialect d. It fails (matching
 // ErrInvalidOption) on unsafe identifiers, an empty transition set, a
 // transition from or to a state not in States, or a duplicate state.
-func NewMachine(cfg MachineConfig) (*Machine, error) {
+func NewMachine(d *Dialect, cfg MachineConfig) (*Machine, error) {
 	bad := func(format string, args ...any) (*Machine, error) {
 		return nil, fmt.Errorf("%w: state machine: "+format, append([]any{ErrInvalidOption}, args...)...)
 	}
@@ -118,8 +115,6 @@ func NewMachine(cfg MachineConfig) (*Machine, error) {
 	}
 	m := &Machine{
 		cfg:    cfg,
-		id:     quote(cfg.IDColumn),
-		state:  quote(cfg.StateColumn),
 		from:   map[string][]string{},
 		states: map[string]bool{},
 	}
@@ -156,24 +151,19 @@ func NewMachine(cfg MachineConfig) (*Machine, error) {
 	for _, f := range m.from {
 		slices.Sort(f)
 	}
-	m.table = ident.Qualified(cfg.Schema, cfg.Table)
+	names := MachineNames{Table: Table{cfg.Schema, cfg.Table}, ID: cfg.IDColumn, State: cfg.StateColumn, Version: cfg.VersionColumn}
 	if cfg.HistoryTable != "" {
-		m.history = ident.Qualified(cfg.Schema, cfg.HistoryTable)
+		names.History = Table{cfg.Schema, cfg.HistoryTable}
 	}
-	if cfg.VersionColumn != "" {
-		m.version = quote(cfg.VersionColumn)
-	}
+	m.q = d.Machine(names)
 	// Build the common statements once.
-	m.read = m.readSQL()
+	m.read = m.q.Read()
 	m.plain = map[string]string{}
 	for _, to := range cfg.States {
 		m.plain[to] = m.transitionSQL(to, &TransitionCall{})
 	}
 	return m, nil
 }
-
-// quote quotes a plain identifier (NewMachine and Set check that it is one).
-func quote(name string) string { return ident.Qualified("", name) }
 
 // TransitionCall is what one Transition call's options set. The fronts'
 // TransitionOption is a func(*TransitionCall).
@@ -236,7 +226,7 @@ func (m *Machine) Transition(ctx context.Context, q Querier, closed func(error) 
 	if call.err != nil {
 		return res, call.err
 	}
-	if call.expectVersion != nil && m.version == "" {
+	if call.expectVersion != nil && m.cfg.VersionColumn == "" {
 		return res, fmt.Errorf("%w: ExpectVersion needs a VersionColumn", ErrInvalidOption)
 	}
 	for _, s := range call.sets {
@@ -328,89 +318,14 @@ func (m *Machine) args(id any, to string, call *TransitionCall) []any {
 	return args
 }
 
-// transitionSQL is the statement of a transition to to, with call's
-// options. A state one state may reach gets a guarded UPDATE that returns
-// the new version, or no row when it changed nothing. Any other state gets
-// a statement that locks the row, reads its state, updates it if allowed,
-// and returns the current state either way. Both write the history row, when
-// configured, in the same statement.
+// transitionSQL is the dialect's statement of a transition to to, with
+// call's options.
 func (m *Machine) transitionSQL(to string, call *TransitionCall) string {
-	from := m.from[to]
-	n := 2 + len(from) // the last parameter so far
-	var set strings.Builder
-	set.WriteString(m.state + " = $2")
-	if m.version != "" {
-		set.WriteString(", " + m.version + " = t." + m.version + " + 1")
+	sets := make([]string, len(call.sets))
+	for i, s := range call.sets {
+		sets[i] = s.column
 	}
-	for _, s := range call.sets {
-		n++
-		fmt.Fprintf(&set, ", %s = $%d", quote(s.column), n)
-	}
-	versionRet := "NULL::bigint"
-	if m.version != "" {
-		versionRet = "t." + m.version + "::bigint"
-	}
-	if len(from) == 1 {
-		guard := ""
-		if call.expectVersion != nil {
-			guard = fmt.Sprintf(" AND t.%s = $%d", m.version, n+1)
-		}
-		update := fmt.Sprintf(`UPDATE %s AS t SET %s WHERE t.%s = $1 AND t.%s::text = $3::text%s RETURNING `,
-			m.table, set.String(), m.id, m.state, guard)
-		if m.history == "" {
-			return update + versionRet
-		}
-		update += fmt.Sprintf("t.%s AS id, %s AS version", m.id, versionRet)
-		return fmt.Sprintf(`WITH upd AS (%s), hist AS (
-	INSERT INTO %s (entity_id, from_state, to_state, version, changed_at)
-	SELECT id, $3, $2, version, now() FROM upd
-)
-SELECT version FROM upd`, update, m.history)
-	}
-
-	// The states that may reach to, one text parameter each; none: false.
-	allowed := "false"
-	if len(from) > 0 {
-		params := make([]string, len(from))
-		for i := range from {
-			params[i] = fmt.Sprintf("$%d::text", 3+i)
-		}
-		allowed = "cur.state IN (" + strings.Join(params, ", ") + ")"
-	}
-	versionSel, guard := "NULL::bigint", ""
-	if m.version != "" {
-		versionSel = m.version + "::bigint"
-		if call.expectVersion != nil {
-			guard = fmt.Sprintf(" AND cur.version = $%d", n+1)
-		}
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `WITH cur AS (
-	SELECT %[2]s AS id, %[3]s::text AS state, %[4]s AS version FROM %[1]s WHERE %[2]s = $1 FOR UPDATE
-), upd AS (
-	UPDATE %[1]s AS t SET %[5]s FROM cur
-	WHERE t.%[2]s = cur.id AND %[6]s%[7]s
-	RETURNING cur.state AS prev, %[8]s AS version
-)`, m.table, m.id, m.state, versionSel, set.String(), allowed, guard, versionRet)
-	if m.history != "" {
-		fmt.Fprintf(&b, `, hist AS (
-	INSERT INTO %s (entity_id, from_state, to_state, version, changed_at)
-	SELECT cur.id, upd.prev, $2, upd.version, now() FROM upd, cur
-)`, m.history)
-	}
-	b.WriteString(`
-SELECT EXISTS (SELECT FROM cur), (SELECT state FROM cur), EXISTS (SELECT FROM upd),
-	(SELECT prev FROM upd), coalesce((SELECT version FROM upd), (SELECT version FROM cur))`)
-	return b.String()
-}
-
-// readSQL reads a row's state and version.
-func (m *Machine) readSQL() string {
-	version := "NULL::bigint"
-	if m.version != "" {
-		version = m.version + "::bigint"
-	}
-	return fmt.Sprintf(`SELECT %s::text, %s FROM %s WHERE %s = $1`, m.state, version, m.table, m.id)
+	return m.q.Transition(len(m.from[to]), sets, call.expectVersion != nil)
 }
 
 // Sources maps each state to the states that may reach it, sorted. The
@@ -421,17 +336,10 @@ func (m *Machine) Sources() map[string][]string { return m.from }
 // history table, with entity_id of type idType, or "" when the machine has
 // none (or is nil).
 func (m *Machine) HistoryTableDDL(idType string) string {
-	if m == nil || m.history == "" {
+	if m == nil || m.cfg.HistoryTable == "" {
 		return ""
 	}
-	return `CREATE TABLE IF NOT EXISTS ` + m.history + ` (
-	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	entity_id  ` + idType + ` NOT NULL,
-	from_state text NOT NULL,
-	to_state   text NOT NULL,
-	version    bigint,
-	changed_at timestamptz NOT NULL DEFAULT now()
-)`
+	return m.q.HistoryDDL(idType)
 }
 
 // Allowed reports whether the machine lets a row move from one state to

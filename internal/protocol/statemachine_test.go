@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"strconv"
-	"strings"
 	"testing"
 )
 
 func ordersMachine(t *testing.T, version, history string) *Machine {
 	t.Helper()
-	m, err := NewMachine(MachineConfig{
+	m, err := NewMachine(testDialect, MachineConfig{
 		Schema: "shop", Table: "orders", IDColumn: "id", StateColumn: "status",
 		States: []string{"PENDING", "PAID", "SHIPPED", "CANCELLED", "REFUNDED", "LOST"},
 		Transitions: map[string][]string{
@@ -26,52 +23,6 @@ func ordersMachine(t *testing.T, version, history string) *Machine {
 		t.Fatal(err)
 	}
 	return m
-}
-
-var placeholder = regexp.MustCompile(`\$(\d+)`)
-
-// Every statement numbers exactly the parameters args gives it, and binds
-// no array: database/sql's drivers cannot send a Go slice.
-func TestTransitionSQLMatchesArgs(t *testing.T) {
-	for _, version := range []string{"", "version"} {
-		for _, history := range []string{"", "order_history"} {
-			m := ordersMachine(t, version, history)
-			calls := []*TransitionCall{{}, NewTransitionCall([]func(*TransitionCall){
-				func(c *TransitionCall) { c.Set("paid_at", 1) }, nil, func(c *TransitionCall) { c.Set("payment_ref", "x") },
-			})}
-			if version != "" {
-				calls = append(calls, NewTransitionCall([]func(*TransitionCall){
-					func(c *TransitionCall) { c.Set("paid_at", 1) }, func(c *TransitionCall) { c.ExpectVersion(4) },
-				}))
-			}
-			for _, to := range m.cfg.States {
-				for _, call := range calls {
-					sql, args := m.transitionSQL(to, call), m.args(7, to, call)
-					used := map[int]bool{}
-					for _, p := range placeholder.FindAllStringSubmatch(sql, -1) {
-						n, _ := strconv.Atoi(p[1])
-						used[n] = true
-					}
-					for n := 1; n <= len(args); n++ {
-						if !used[n] {
-							t.Errorf("to %s (version %q, history %q): $%d of %d unused in\n%s", to, version, history, n, len(args), sql)
-						}
-					}
-					if len(used) != len(args) {
-						t.Errorf("to %s: %d parameters in the statement, %d args:\n%s", to, len(used), len(args), sql)
-					}
-					if strings.Contains(sql, "[]") {
-						t.Errorf("to %s: an array parameter:\n%s", to, sql)
-					}
-					for _, a := range args {
-						if _, ok := a.([]string); ok {
-							t.Errorf("to %s: a []string argument", to)
-						}
-					}
-				}
-			}
-		}
-	}
 }
 
 // fakeQuerier answers each statement with rows[i]: the values copied into

@@ -100,15 +100,15 @@ func CheckTokenShape(key Key) error {
 // keyErr is the key's validation (idem.Key.Validate), complete reports that
 // the rest of its arguments are there (else ErrInvalidOption saying what op
 // needs), then its options and, with RequireIssued, the token's shape. It
-// returns the call's Config.
-func NewCall[O any](op string, key Key, keyErr error, complete bool, needs string, opts []O) (Config, error) {
+// returns the call's Config in dialect d.
+func NewCall[O any](d *Dialect, op string, key Key, keyErr error, complete bool, needs string, opts []O) (Config, error) {
 	if keyErr != nil {
 		return Config{}, keyErr
 	}
 	if !complete {
 		return Config{}, fmt.Errorf("%w: %s needs %s", ErrInvalidOption, op, needs)
 	}
-	c, err := NewConfig(opts)
+	c, err := NewConfig(d, opts)
 	if err != nil {
 		return c, err
 	}
