@@ -43,7 +43,7 @@ func ConsumeOnce(ctx context.Context, tx *sql.Tx, consumer, messageID string,
 	if err != nil {
 		return false, err
 	}
-	return protocol.ConsumeOnce(ctx, sqlErrors{}, sqlTx{tx: tx}, consumer, messageID, fn, &cfg)
+	return protocol.ConsumeOnce(ctx, sqlErrors{}, flavor.NewTx(tx), consumer, messageID, fn, &cfg)
 }
 
 // validateMessage checks consumer and messageID as idem.ConsumeOnce does:

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/protocol"
 )
@@ -40,8 +38,7 @@ func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 		return idem.Result[T]{}, err
 	}
 	defer cfg.ExplainMissingTable(&err)
-	txOpts, _ := cfg.TxOptions.(pgx.TxOptions)
-	v, replayed, err := protocol.Do(ctx, sqlErrors{}, sqlConn{db: db, opts: txOpts}, protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
+	v, replayed, err := protocol.Do(ctx, sqlErrors{}, flavor.NewConn(db, cfg.TxOptions), protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
 	return idem.Result[T]{Value: v, Replayed: replayed}, err
 }
 
@@ -62,7 +59,7 @@ func WithIdempotency[T any](ctx context.Context, tx *sql.Tx, key idem.Key,
 	}
 	defer cfg.ExplainMissingTable(&err)
 	start := time.Now()
-	v, replayed, err := protocol.InTx(ctx, sqlErrors{}, sqlTx{tx: tx}, protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
+	v, replayed, err := protocol.InTx(ctx, sqlErrors{}, flavor.NewTx(tx), protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
 	err = cfg.HoldError(err)
 	cfg.Report(ctx, cfg.Op, protocol.Key(key), start, replayed, err)
 	return idem.Result[T]{Value: v, Replayed: replayed}, protocol.WithContextErr(ctx, err)

@@ -51,5 +51,5 @@ func InsertOrGetTx(ctx context.Context, tx *sql.Tx, insert, lookup idem.Query, d
 	if tx == nil || insert.SQL == "" || lookup.SQL == "" {
 		return false, fmt.Errorf("%w: InsertOrGetTx needs a transaction, an insert and a lookup", idem.ErrInvalidOption)
 	}
-	return protocol.InsertOrGetTx(ctx, dialect, sqlErrors{}, sqlTx{tx: tx}, nil, protocol.Query(insert), protocol.Query(lookup), dest)
+	return protocol.InsertOrGetTx(ctx, dialect, sqlErrors{}, flavor.NewTx(tx), nil, protocol.Query(insert), protocol.Query(lookup), dest)
 }

@@ -1,7 +1,9 @@
 package protocol
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"time"
 )
@@ -49,8 +51,9 @@ const (
 )
 
 // claimStep is one statement that may claim the key: the INSERT, or the
-// UPDATE of a token or of a record to take over. It returns the claimed
-// attempt, or no row when it claimed nothing.
+// UPDATE of a token or of a record to take over. Without claim tokens
+// (Queries.Tokens) it returns the claimed attempt, or no row when it
+// claimed nothing.
 type claimStep struct {
 	sql  string
 	args []any
@@ -58,6 +61,21 @@ type claimStep struct {
 	// before it (an issued token, a record taken over) rather than
 	// inserting one: undoing the execution must put that record back.
 	changes bool
+	// returns reports that the statement returns the token and the record
+	// itself (Queries.ClaimReturns); otherwise ClaimRead follows it.
+	returns bool
+}
+
+// claimAnswer is what a claiming step found.
+type claimAnswer struct {
+	attempt int32
+	claimed bool
+	// With claim tokens, the claim reads the key's token and record
+	// whoever holds it: read reports that rec and found are that read.
+	read  bool
+	token []byte
+	rec   Record
+	found bool
 }
 
 // claimStrategy runs the steps of the claim in one kind of transaction.
@@ -65,23 +83,52 @@ type claimStrategy interface {
 	// open runs st, opening what holds the execution: savepoints (inTx) or
 	// the transaction (own). When st claimed nothing, what it opened stays
 	// open for read.
-	open(ctx context.Context, st *claimStep) (attempt int32, claimed bool, err error)
-	// read reads the key's record and closes what open opened.
-	read(ctx context.Context) (rec Record, found bool, err error)
+	open(ctx context.Context, st *claimStep, a *claimAnswer) error
+	// read reads the key's record, unless the claim read it already
+	// (a.read), and closes what open opened.
+	read(ctx context.Context, a *claimAnswer) (rec Record, found bool, err error)
 }
 
-// claimStmts are the statements of a claiming step, with no-wait mode's
-// settings around it.
-func claimStmts(c *Config, st *claimStep, attempt *int32, claimed *bool) []Stmt {
-	claim := Stmt{SQL: st.sql, Args: st.args, Dest: []any{attempt}, Found: claimed}
-	if !c.NoWait {
-		return []Stmt{claim}
+// claimStmts are the statements of a claiming step, with the bound of its
+// wait: the dialect's prefix (ClaimPrefix), or no-wait mode's settings
+// around it.
+func claimStmts(ctx context.Context, c *Config, st *claimStep, a *claimAnswer) []Stmt {
+	query := st.sql
+	if c.D.ClaimPrefix != nil {
+		query = c.D.ClaimPrefix(c.NoWait, waitLeft(ctx)) + query
+	}
+	var claim []Stmt
+	switch {
+	case !c.Q.Tokens:
+		claim = []Stmt{{SQL: query, Args: st.args, Dest: []any{&a.attempt}, Found: &a.claimed}}
+	case st.returns:
+		claim = []Stmt{{SQL: query, Args: st.args, Dest: a.dest(), Found: &a.found}}
+	default:
+		claim = []Stmt{{SQL: query, Args: st.args}, {SQL: c.Q.ClaimRead, Args: st.args, Dest: a.dest(), Found: &a.found}}
+	}
+	if !c.NoWait || c.D.ClaimPrefix != nil {
+		return claim
 	}
 	stmts := make([]Stmt, 0, 4)
 	if c.Q.LockTable != "" {
 		stmts = append(stmts, Stmt{SQL: c.Q.LockTable})
 	}
-	return append(stmts, Stmt{SQL: c.D.NoWaitSet}, claim, Stmt{SQL: c.D.NoWaitRestore})
+	stmts = append(stmts, Stmt{SQL: c.D.NoWaitSet})
+	stmts = append(stmts, claim...)
+	return append(stmts, Stmt{SQL: c.D.NoWaitRestore})
+}
+
+// dest is where a claim with tokens reads the key's token and record.
+func (a *claimAnswer) dest() []any { return append([]any{&a.token}, a.rec.Dest()...) }
+
+// judge settles a claim with tokens once its statements ran: the key is
+// claimed when its token is the call's.
+func (a *claimAnswer) judge(tokens bool, token []byte) {
+	if tokens {
+		a.read = true
+		a.claimed = a.found && bytes.Equal(a.token, token)
+		a.attempt = a.rec.Attempt
+	}
 }
 
 // claimKey claims key with s. It returns the claimed record, or the existing
@@ -91,26 +138,33 @@ func claimStmts(c *Config, st *claimStep, attempt *int32, claimed *bool) []Stmt 
 func claimKey(ctx context.Context, s claimStrategy, e Errors, key Key, c *Config) (Record, error) {
 	q := c.Q
 	args := []any{key.Scope, key.ID, NonNilFingerprint(key.Fingerprint), c.TTL.Microseconds()}
-	claim := &claimStep{sql: q.Claim, args: args}
+	var token []byte
+	if q.Tokens {
+		token = NewClaimToken()
+		args = append(args, token)
+	}
+	claim := &claimStep{sql: q.Claim, args: args, returns: q.ClaimReturns}
 	if c.RequireIssued {
 		claim = &claimStep{sql: q.ClaimIssued, args: args, changes: true}
 	}
 	st := claim
 	for try := range MaxClaimTries {
-		attempt, claimed, err := s.open(ctx, st)
+		var a claimAnswer
+		err := s.open(ctx, st, &a)
+		a.judge(q.Tokens, token)
 		if err != nil {
 			if try == 0 {
 				err = ClosedHandle(c.Op, err, e.Closed) // a closed pool or transaction
 			}
 			return Record{}, err
 		}
-		if claimed {
+		if a.claimed {
 			if st != claim {
-				c.Emit(ctx, EventTakeover, c.Op, key, attempt, time.Time{}, nil)
+				c.Emit(ctx, EventTakeover, c.Op, key, a.attempt, time.Time{}, nil)
 			}
-			return Record{Claimed: true, Attempt: attempt, Status: StatusProcessing}, nil
+			return Record{Claimed: true, Attempt: a.attempt, Status: StatusProcessing}, nil
 		}
-		rec, found, err := s.read(ctx)
+		rec, found, err := s.read(ctx, &a)
 		if err != nil {
 			return Record{}, err
 		}
@@ -125,7 +179,11 @@ func claimKey(ctx context.Context, s claimStrategy, e Errors, key Key, c *Config
 		case !rec.FingerprintMatches(key.Fingerprint):
 			return rec, ErrKeyReused
 		case rec.Takeable():
-			st = &claimStep{sql: q.Takeover, args: append(args[:4:4], rec.Attempt), changes: true}
+			takeover := append(append(make([]any, 0, 6), args[:4]...), rec.Attempt)
+			if q.Tokens {
+				takeover = append(takeover, token)
+			}
+			st = &claimStep{sql: q.Takeover, args: takeover, changes: true}
 		case rec.Status == StatusProcessing:
 			return rec, ErrInProgress
 		default:
@@ -133,6 +191,21 @@ func claimKey(ctx context.Context, s claimStrategy, e Errors, key Key, c *Config
 		}
 	}
 	return Record{}, fmt.Errorf("idem: could not claim the key after %d tries (records vanishing under concurrent purges or takeovers)", MaxClaimTries)
+}
+
+// waitLeft is the time left before ctx's deadline, or -1 for none.
+func waitLeft(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), 0)
+	}
+	return -1
+}
+
+// NewClaimToken returns a random claim token (Queries.Tokens).
+func NewClaimToken() []byte {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return b
 }
 
 // CleanupTimeout bounds the statements that undo work after fn failed.

@@ -159,6 +159,9 @@ func NewConfig[O any](d *Dialect, opts []O) (Config, error) {
 		}
 	}
 	c.Retry = c.Retry.WithDefaults()
+	if c.HoldTimeout > 0 && d.HoldSet == "" {
+		c.Fail("WithHoldTimeout is not supported on %s", d.Name)
+	}
 	c.Q, c.Inbox = d.RecordsOf(c.Table), d.InboxOf(c.InboxTable)
 	return c, c.Err
 }

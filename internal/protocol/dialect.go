@@ -1,6 +1,10 @@
 package protocol
 
-import "sync"
+import (
+	"strings"
+	"sync"
+	"time"
+)
 
 // Table names one of idem's tables: plain identifiers that the option that
 // set them validated (ident.ValidateTable). An empty Schema means the
@@ -86,6 +90,15 @@ type Statements struct {
 	// runs at READ COMMITTED, where every statement sees the latest
 	// commits.
 	ReadCommittedNow string
+	// ClaimPrefix, when set, bounds the wait of a claiming statement on the
+	// server, as a prefix of its text: at once for a no-wait claim, else
+	// within wait (the time left before ctx's deadline; negative: none).
+	// The claim then queues neither NoWaitSet nor LockTable. It returns ""
+	// for no bound.
+	ClaimPrefix func(noWait bool, wait time.Duration) string
+	// OneAtATime reports that the database takes one statement per query:
+	// statements the protocol would join with semicolons go one by one.
+	OneAtATime bool
 }
 
 // SQLErrors classifies a database's errors, whichever driver returned them.
@@ -98,7 +111,15 @@ type SQLErrors struct {
 	// MissingTable reports that err is a statement's failure on table t,
 	// which does not exist.
 	MissingTable func(err error, t Table) bool
+	// Aborted reports an error with which the server rolled the whole
+	// transaction back (MySQL's deadlock): nothing is left to undo, and no
+	// statement may follow on it. nil where no error does so.
+	Aborted func(err error) bool
 }
+
+// TxAborted reports that err rolled the whole transaction back on the
+// server (SQLErrors.Aborted).
+func (e *SQLErrors) TxAborted(err error) bool { return e.Aborted != nil && err != nil && e.Aborted(err) }
 
 // RecordsOf returns the statements of the record table t, built on first
 // use.
@@ -158,4 +179,25 @@ type MachineQueries interface {
 	Transition(n int, sets []string, expectVersion bool) string
 	// HistoryDDL creates the history table, entity_id of type idType.
 	HistoryDDL(idType string) string
+}
+
+// RollbackTo rolls back to the savepoints in order, then releases the last:
+// one statement of several joined by semicolons where the database allows
+// it (PostgreSQL accepts that in an aborted transaction, as a simple-protocol
+// message), one statement each where it does not.
+func (d *Dialect) RollbackTo(savepoints ...string) []Stmt {
+	last := savepoints[len(savepoints)-1]
+	if d.OneAtATime {
+		stmts := make([]Stmt, 0, len(savepoints)+1)
+		for _, sp := range savepoints {
+			stmts = append(stmts, Stmt{SQL: "ROLLBACK TO SAVEPOINT " + sp})
+		}
+		return append(stmts, Stmt{SQL: "RELEASE SAVEPOINT " + last})
+	}
+	var b strings.Builder
+	for _, sp := range savepoints {
+		b.WriteString("ROLLBACK TO SAVEPOINT " + sp + "; ")
+	}
+	b.WriteString("RELEASE SAVEPOINT " + last)
+	return []Stmt{{SQL: b.String()}}
 }

@@ -14,6 +14,11 @@ type Stmt struct {
 	// Affected, when not nil, receives the number of rows the statement
 	// changed.
 	Affected *int64
+	// Exactly1 requires the statement to change exactly one row: a driver
+	// that runs statements one at a time fails the group otherwise, before
+	// any later statement (COMMIT among them). Only a dialect whose
+	// statements cannot check it themselves sets it (Queries.CompleteRows).
+	Exactly1 bool
 	// Each, when not nil, is called for every row the statement returns,
 	// with what scans that row; an error it returns ends the statement and
 	// the group with that error.

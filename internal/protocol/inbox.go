@@ -34,6 +34,14 @@ func ConsumeOnce[TTx any](ctx context.Context, e Errors, tx Tx[TTx], consumer, m
 	err = tx.Run(ctx,
 		Stmt{SQL: "SAVEPOINT " + spInbox},
 		Stmt{SQL: c.Inbox.Insert, Args: []any{consumer, messageID}, Dest: []any{&row}, Found: &inserted})
+	if err != nil && c.D.Unique(err) && !c.D.TxAborted(err) {
+		// A dialect whose insert has no ON CONFLICT clause reports the
+		// duplicate as an error of that statement alone.
+		if rerr := tx.Run(ctx, c.D.RollbackTo(spInbox)...); rerr != nil {
+			return false, rerr
+		}
+		return false, nil
+	}
 	if err != nil {
 		return false, ClosedHandle("ConsumeOnce", err, e.Closed)
 	}
@@ -50,9 +58,12 @@ func ConsumeOnce[TTx any](ctx context.Context, e Errors, tx Tx[TTx], consumer, m
 		return struct{}{}, fn(ctx, tx)
 	})
 	end()
+	if fnErr != nil && c.D.TxAborted(fnErr) {
+		return false, fnErr // the server rolled everything back: nothing to undo
+	}
 	if panicked != nil || fnErr != nil {
 		cctx, cancel := CleanupContext(ctx)
-		rerr := tx.Run(cctx, Stmt{SQL: "ROLLBACK TO SAVEPOINT " + spInbox + "; RELEASE SAVEPOINT " + spInbox})
+		rerr := tx.Run(cctx, c.D.RollbackTo(spInbox)...)
 		cancel()
 		if panicked != nil {
 			panic(panicked)

@@ -115,7 +115,7 @@ func InsertOrGetTx(ctx context.Context, d *Dialect, e Errors, tx Exec, gone func
 				return false, err // the connection is gone: nothing to roll back
 			}
 		}
-		rerr := tx.Run(ctx, Stmt{SQL: "ROLLBACK TO SAVEPOINT " + spCreate + "; RELEASE SAVEPOINT " + spCreate})
+		rerr := tx.Run(ctx, d.RollbackTo(spCreate)...)
 		if rerr != nil {
 			return false, errors.Join(err, rerr)
 		}

@@ -26,13 +26,13 @@ type inTx[TTx any] struct {
 	held *[2]string
 }
 
-func (c *inTx[TTx]) open(ctx context.Context, st *claimStep) (attempt int32, claimed bool, err error) {
+func (c *inTx[TTx]) open(ctx context.Context, st *claimStep, a *claimAnswer) error {
 	outer := st.changes || c.cfg.NoWait
 	stmts := make([]Stmt, 0, 6)
 	if outer {
 		stmts = append(stmts, Stmt{SQL: "SAVEPOINT " + spClaim})
 	}
-	stmts = append(stmts, claimStmts(c.cfg, st, &attempt, &claimed)...)
+	stmts = append(stmts, claimStmts(ctx, c.cfg, st, a)...)
 	if outer && !st.changes {
 		stmts = append(stmts, Stmt{SQL: "RELEASE SAVEPOINT " + spClaim})
 	}
@@ -41,29 +41,32 @@ func (c *inTx[TTx]) open(ctx context.Context, st *claimStep) (attempt int32, cla
 		if c.cfg.NoWait && c.e.LockTimeout(err) {
 			// Undo the claim and its lock_timeout change together.
 			if rerr := c.rollbackTo(ctx, spClaim); rerr != nil {
-				return 0, false, fmt.Errorf("idem: undoing a no-wait claim (roll the transaction back): %w", rerr)
+				return fmt.Errorf("idem: undoing a no-wait claim (roll the transaction back): %w", rerr)
 			}
-			return 0, false, ErrInProgress
+			return ErrInProgress
 		}
 		// Other errors abort the transaction and are returned as they are:
 		// 40001 under REPEATABLE READ, or 55P03 when the caller's own
 		// lock_timeout ended the wait for the key's holder.
-		return 0, false, err
+		return err
 	}
 	c.changed = st.changes
-	return attempt, claimed, nil
+	return nil
 }
 
-// read releases the savepoints open left and reads the record. It goes even
-// when ctx is done by now, so that no savepoint is left behind in a
-// transaction still usable (where a call enclosing this one would meet it
-// when undoing its own).
-func (c *inTx[TTx]) read(ctx context.Context) (rec Record, found bool, err error) {
+// read releases the savepoints open left and reads the record, unless the
+// claim read it. It goes even when ctx is done by now, so that no savepoint
+// is left behind in a transaction still usable (where a call enclosing this
+// one would meet it when undoing its own).
+func (c *inTx[TTx]) read(ctx context.Context, a *claimAnswer) (rec Record, found bool, err error) {
 	sctx, cancel := CleanupContext(ctx)
 	defer cancel()
-	release := Stmt{SQL: "RELEASE SAVEPOINT " + c.outerSavepoint()}
+	stmts := []Stmt{{SQL: "RELEASE SAVEPOINT " + c.outerSavepoint()}, c.cfg.Q.ReadStmt(c.key, &rec, &found)}
+	if a.read {
+		rec, found, stmts = a.rec, a.found, stmts[:1]
+	}
 	c.changed = false
-	if err := c.tx.Run(sctx, release, c.cfg.Q.ReadStmt(c.key, &rec, &found)); err != nil {
+	if err := c.tx.Run(sctx, stmts...); err != nil {
 		return rec, false, err
 	}
 	return rec, found, ctx.Err()
@@ -100,7 +103,7 @@ func (c *inTx[TTx]) fn() (TTx, func()) { return c.tx.Fn() }
 // cannot commit fn's writes without their record.
 func (c *inTx[TTx]) complete(ctx context.Context, status string, data []byte, attempt int32, cause error) error {
 	stmts := make([]Stmt, 0, 3)
-	stmts = append(stmts, Stmt{SQL: c.cfg.Q.Complete, Args: []any{c.key.Scope, c.key.ID, status, data, attempt}})
+	stmts = append(stmts, c.cfg.completeStmt(c.key, status, data, attempt))
 	if c.held != nil {
 		stmts = append(stmts, Stmt{SQL: c.cfg.D.HoldRestore, Args: []any{c.held[0], c.held[1]}})
 	}
@@ -141,7 +144,7 @@ func (c *inTx[TTx]) undo(ctx context.Context, attempt int32) error {
 		// it: a call nested in fn whose claim failed leaves its own
 		// spClaim behind (in a transaction the failure aborted), which
 		// ROLLBACK TO spClaim alone would resolve to.
-		err = c.tx.Run(ctx, Stmt{SQL: "ROLLBACK TO SAVEPOINT " + spFn + "; ROLLBACK TO SAVEPOINT " + spClaim + "; RELEASE SAVEPOINT " + spClaim})
+		err = c.tx.Run(ctx, c.cfg.D.RollbackTo(spFn, spClaim)...)
 	} else if err = c.rollbackTo(ctx, spFn); err == nil {
 		var n int64
 		err = c.tx.Run(ctx, Stmt{SQL: c.cfg.Q.Release, Args: []any{c.key.Scope, c.key.ID, attempt}, Affected: &n})
@@ -156,10 +159,10 @@ func (c *inTx[TTx]) undo(ctx context.Context, attempt int32) error {
 }
 
 // rollbackTo rolls back to the named savepoint and releases it, as one
-// simple-protocol message: in an aborted transaction the server refuses to
-// prepare any statement but a rollback.
+// simple-protocol message where the dialect allows: in an aborted
+// transaction PostgreSQL refuses to prepare any statement but a rollback.
 func (c *inTx[TTx]) rollbackTo(ctx context.Context, savepoint string) error {
-	return c.tx.Run(ctx, Stmt{SQL: "ROLLBACK TO SAVEPOINT " + savepoint + "; RELEASE SAVEPOINT " + savepoint})
+	return c.tx.Run(ctx, c.cfg.D.RollbackTo(savepoint)...)
 }
 
 // HoldMillis is d in whole milliseconds, rounded up.

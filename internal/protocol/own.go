@@ -18,30 +18,34 @@ type own[TTx any] struct {
 	tx   Own[TTx]
 }
 
-func (c *own[TTx]) open(ctx context.Context, st *claimStep) (attempt int32, claimed bool, err error) {
-	stmts := claimStmts(c.cfg, st, &attempt, &claimed)
+func (c *own[TTx]) open(ctx context.Context, st *claimStep, a *claimAnswer) error {
+	stmts := claimStmts(ctx, c.cfg, st, a)
 	if c.cfg.HoldTimeout > 0 {
 		// After the claiming statement, so that it never bounds a wait for
 		// another holder; for a claimed key only where the driver can tell
 		// (pgx sends it in the claim's batch: it then also bounds the read
 		// of a replay, a round trip away).
-		stmts = append(stmts, Stmt{SQL: c.cfg.D.HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}, OnlyIf: &claimed})
+		stmts = append(stmts, Stmt{SQL: c.cfg.D.HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}, OnlyIf: &a.claimed})
 	}
 	tx, err := c.conn.Begin(ctx, stmts...)
 	if err != nil {
 		if c.cfg.NoWait && c.e.LockTimeout(err) {
-			return 0, false, ErrInProgress // the key's holder did not finish in time
+			return ErrInProgress // the key's holder did not finish in time
 		}
-		return 0, false, err
+		return err
 	}
 	c.tx = tx
-	return attempt, claimed, nil
+	return nil
 }
 
-// read reads the record and rolls the transaction back.
-func (c *own[TTx]) read(ctx context.Context) (rec Record, found bool, err error) {
+// read reads the record, unless the claim read it, and rolls the
+// transaction back.
+func (c *own[TTx]) read(ctx context.Context, a *claimAnswer) (rec Record, found bool, err error) {
 	tx := c.tx
 	c.tx = nil
+	if a.read {
+		return a.rec, a.found, tx.Rollback(ctx)
+	}
 	err = tx.Rollback(ctx, c.cfg.Q.ReadStmt(c.key, &rec, &found))
 	return rec, found, err
 }
@@ -52,7 +56,7 @@ func (c *own[TTx]) fn() (TTx, func()) { return c.tx.Fn() }
 func (c *own[TTx]) complete(ctx context.Context, status string, data []byte, attempt int32, _ error) error {
 	tx := c.tx
 	c.tx = nil
-	unknown, err := tx.Commit(ctx, Stmt{SQL: c.cfg.Q.Complete, Args: []any{c.key.Scope, c.key.ID, status, data, attempt}})
+	unknown, err := tx.Commit(ctx, c.cfg.completeStmt(c.key, status, data, attempt))
 	if err == nil {
 		return nil
 	}

@@ -53,6 +53,22 @@ type Queries struct {
 	// attempt); it raises an error unless exactly one row matched, so a
 	// pipelined COMMIT cannot commit a lost completion.
 	Complete string
+	// CompleteRows reports that Complete does not check its row itself:
+	// the protocol marks it Exactly1, for a driver that runs statements one
+	// at a time.
+	CompleteRows bool
+	// Tokens reports that the dialect decides ownership by a claim token,
+	// not by whether a row came back: every claiming statement takes a
+	// fresh random token (16 bytes) as one argument more ($5 for Claim and
+	// ClaimIssued, $6 for Takeover), and its answer is a row of the key's
+	// token followed by Read's columns, whoever holds the key. The key is
+	// claimed when the token is the call's. A claiming statement returns
+	// that row itself when the dialect says so (ClaimReturns for Claim);
+	// otherwise ClaimRead, a locking read with the claim's arguments,
+	// follows it in the same group.
+	Tokens       bool
+	ClaimReturns bool
+	ClaimRead    string
 	// Release deletes a processing record whose fn failed ($3 attempt).
 	Release string
 	// LockTable takes the lock every claim takes on the table (ROW

@@ -50,3 +50,9 @@ func NonNilFingerprint(f []byte) []byte {
 	}
 	return f
 }
+
+// completeStmt finishes key's processing record claimed at attempt with
+// status and data.
+func (c *Config) completeStmt(key Key, status string, data []byte, attempt int32) Stmt {
+	return Stmt{SQL: c.Q.Complete, Args: []any{key.Scope, key.ID, status, data, attempt}, Exactly1: c.Q.CompleteRows}
+}

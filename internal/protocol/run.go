@@ -80,6 +80,10 @@ func (x *execution[TTx, T]) run(ctx context.Context, h holder[TTx], attempt int3
 			return zero, false, err
 		}
 		return zero, false, fnErr
+	case x.cfg.D.TxAborted(fnErr):
+		// The server rolled the whole transaction back: nothing is left
+		// to undo, and no statement may follow on it.
+		return zero, false, fnErr
 	default:
 		return zero, false, joinUndo(fnErr, h.undo(ctx, attempt))
 	}
