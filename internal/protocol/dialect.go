@@ -119,7 +119,9 @@ type SQLErrors struct {
 
 // TxAborted reports that err rolled the whole transaction back on the
 // server (SQLErrors.Aborted).
-func (e *SQLErrors) TxAborted(err error) bool { return e.Aborted != nil && err != nil && e.Aborted(err) }
+func (e *SQLErrors) TxAborted(err error) bool {
+	return e.Aborted != nil && err != nil && e.Aborted(err)
+}
 
 // RecordsOf returns the statements of the record table t, built on first
 // use.
