@@ -3,10 +3,10 @@ package idemsql
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/front"
 	"github.com/idemkit/idem/internal/protocol"
 )
 
@@ -33,7 +33,7 @@ import (
 // names the inbox table.
 func ConsumeOnce(ctx context.Context, tx *sql.Tx, consumer, messageID string,
 	fn func(ctx context.Context, tx *sql.Tx) error, opts ...idem.TableOption) (bool, error) {
-	if err := validateMessage(consumer, messageID); err != nil {
+	if err := front.ValidateMessage(consumer, messageID); err != nil {
 		return false, err
 	}
 	if tx == nil || fn == nil {
@@ -44,19 +44,4 @@ func ConsumeOnce(ctx context.Context, tx *sql.Tx, consumer, messageID string,
 		return false, err
 	}
 	return protocol.ConsumeOnce(ctx, sqlErrors{}, flavor.NewTx(tx), consumer, messageID, fn, &cfg)
-}
-
-// validateMessage checks consumer and messageID as idem.ConsumeOnce does:
-// with idem.Key's rules, naming the field that failed.
-func validateMessage(consumer, messageID string) error {
-	err := idem.Key{Scope: consumer, ID: messageID}.Validate()
-	var invalid *idem.InvalidKeyError
-	if !errors.As(err, &invalid) {
-		return err
-	}
-	field := "consumer"
-	if invalid.Field == "ID" {
-		field = "message ID"
-	}
-	return &idem.InvalidKeyError{Field: field, Reason: invalid.Reason}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -33,16 +31,7 @@ func (sqlErrors) Retryable(err error) bool { return idem.IsRetryable(err) }
 
 func (sqlErrors) LockTimeout(err error) bool { return pgerr.Code(err) == pgerr.LockNotAvailable }
 
-func (sqlErrors) Closed(err error) (string, bool) {
-	switch {
-	case errors.Is(err, sql.ErrTxDone):
-		return protocol.TxEnded, true
-	case err != nil && strings.Contains(err.Error(), "sql: database is closed"):
-		// database/sql's own error, which it does not export.
-		return protocol.PoolClosed, false
-	}
-	return "", false
-}
+func (sqlErrors) Closed(err error) (string, bool) { return sqldriver.Closed(err) }
 
 // closedHandle explains an error of a closed *sql.DB or an ended *sql.Tx.
 func closedHandle(op string, err error) error {
@@ -56,8 +45,7 @@ var flavor = &sqldriver.Flavor{
 	Errors:        sqlErrors{},
 	CommitUnknown: commitUnknown,
 	TxOptions: func(opts any) (sql.TxOptions, string, error) {
-		o, _ := opts.(pgx.TxOptions)
-		return sqlTxOptions(o)
+		return sqldriver.TxOptions("idemsql", opts, true)
 	},
 }
 
@@ -84,43 +72,3 @@ type DBTX interface {
 
 // querierOf is db to the protocol.
 func querierOf(db DBTX) protocol.Querier { return flavor.Querier(db) }
-
-// sqlTxOptions maps pgx's transaction options to database/sql's, with the
-// statement that sets what sql.TxOptions cannot express.
-func sqlTxOptions(opts pgx.TxOptions) (sql.TxOptions, string, error) {
-	var s sql.TxOptions
-	if opts.BeginQuery != "" || opts.CommitQuery != "" {
-		return s, "", fmt.Errorf("idemsql: TxOptions.BeginQuery and CommitQuery are not supported through database/sql")
-	}
-	switch opts.IsoLevel {
-	case "":
-		s.Isolation = sql.LevelDefault
-	case pgx.Serializable:
-		s.Isolation = sql.LevelSerializable
-	case pgx.RepeatableRead:
-		s.Isolation = sql.LevelRepeatableRead
-	case pgx.ReadCommitted:
-		s.Isolation = sql.LevelReadCommitted
-	case pgx.ReadUncommitted:
-		s.Isolation = sql.LevelReadUncommitted
-	default:
-		return s, "", fmt.Errorf("idemsql: unknown isolation level %q", opts.IsoLevel)
-	}
-	switch opts.AccessMode {
-	case "", pgx.ReadWrite:
-	case pgx.ReadOnly:
-		s.ReadOnly = true
-	default:
-		return s, "", fmt.Errorf("idemsql: unknown access mode %q", opts.AccessMode)
-	}
-	switch opts.DeferrableMode {
-	case "":
-		return s, "", nil
-	case pgx.Deferrable:
-		return s, "SET TRANSACTION DEFERRABLE", nil
-	case pgx.NotDeferrable:
-		return s, "SET TRANSACTION NOT DEFERRABLE", nil
-	default:
-		return s, "", fmt.Errorf("idemsql: unknown deferrable mode %q", opts.DeferrableMode)
-	}
-}

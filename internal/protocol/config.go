@@ -162,6 +162,9 @@ func NewConfig[O any](d *Dialect, opts []O) (Config, error) {
 	if c.HoldTimeout > 0 && d.HoldSet == "" {
 		c.Fail("WithHoldTimeout is not supported on %s", d.Name)
 	}
+	if c.NoWait && d.NoWaitSet == "" && d.ClaimPrefix == nil {
+		c.Fail("NoWait is not supported on %s", d.Name)
+	}
 	c.Q, c.Inbox = d.RecordsOf(c.Table), d.InboxOf(c.InboxTable)
 	return c, c.Err
 }

@@ -30,10 +30,16 @@ const spInbox = "idem_inbox"
 func ConsumeOnce[TTx any](ctx context.Context, e Errors, tx Tx[TTx], consumer, messageID string,
 	fn func(ctx context.Context, tx TTx) error, c *Config) (ran bool, err error) {
 	defer c.ExplainMissingTable(&err)
-	var inserted, row bool
-	err = tx.Run(ctx,
-		Stmt{SQL: "SAVEPOINT " + spInbox},
-		Stmt{SQL: c.Inbox.Insert, Args: []any{consumer, messageID}, Dest: []any{&row}, Found: &inserted})
+	var (
+		inserted, row bool
+		n             int64
+	)
+	insert := Stmt{SQL: c.Inbox.Insert, Args: []any{consumer, messageID}, Dest: []any{&row}, Found: &inserted}
+	if c.Inbox.InsertAffects {
+		insert = Stmt{SQL: c.Inbox.Insert, Args: insert.Args, Affected: &n}
+	}
+	err = tx.Run(ctx, Stmt{SQL: "SAVEPOINT " + spInbox}, insert)
+	inserted = inserted || n == 1
 	if err != nil && c.D.Unique(err) && !c.D.TxAborted(err) {
 		// A dialect whose insert has no ON CONFLICT clause reports the
 		// duplicate as an error of that statement alone.

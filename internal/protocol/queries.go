@@ -94,8 +94,10 @@ type Queries struct {
 type InboxQueries struct {
 	Table string // quoted, possibly schema-qualified
 	// Insert claims a message ($1 consumer, $2 message id), returning a row
-	// only when it inserted one.
-	Insert string
+	// only when it inserted one; with InsertAffects it returns no row, and
+	// a duplicate is a unique violation (SQLErrors.Unique).
+	Insert        string
+	InsertAffects bool
 	// Purge deletes a batch ($2 rows) of rows consumed longer ago than $1
 	// microseconds, skipping rows other transactions hold; CountExpired
 	// counts them all.

@@ -93,6 +93,9 @@ func NewMachine(d *Dialect, cfg MachineConfig) (*Machine, error) {
 	bad := func(format string, args ...any) (*Machine, error) {
 		return nil, fmt.Errorf("%w: state machine: "+format, append([]any{ErrInvalidOption}, args...)...)
 	}
+	if d.Machine == nil {
+		return bad("not supported on %s", d.Name)
+	}
 	for _, n := range []struct{ what, name string }{
 		{"Table", cfg.Table}, {"IDColumn", cfg.IDColumn}, {"StateColumn", cfg.StateColumn},
 	} {

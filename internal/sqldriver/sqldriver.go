@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/idemkit/idem/internal/protocol"
 )
@@ -50,6 +51,20 @@ func (e *AbortedError) Error() string {
 }
 
 func (e *AbortedError) Unwrap() error { return e.Err }
+
+// Closed recognises database/sql's errors of a handle that cannot work
+// any more (protocol.Errors.Closed): a transaction already committed or
+// rolled back, and a closed *sql.DB.
+func Closed(err error) (string, bool) {
+	switch {
+	case errors.Is(err, sql.ErrTxDone):
+		return protocol.TxEnded, true
+	case err != nil && strings.Contains(err.Error(), "sql: database is closed"):
+		// database/sql's own error, which it does not export.
+		return protocol.PoolClosed, false
+	}
+	return "", false
+}
 
 // Querier is what statements run on: a *sql.Tx, a *sql.DB or a *sql.Conn.
 type Querier interface {

@@ -1,0 +1,114 @@
+package idemmysql_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/idemmysql"
+)
+
+// mysqlEnv names the DSN of a MySQL or MariaDB server whose user may create
+// databases, e.g. root@tcp(127.0.0.1:3306)/test; each test creates a
+// database of its own there and drops it.
+const mysqlEnv = "TEST_MYSQL_DSN"
+
+// openDB returns a pool on a fresh database with idem's tables, whose DSN
+// carries params as well (e.g. "clientFoundRows=true").
+func openDB(t *testing.T, params ...string) *sql.DB {
+	t.Helper()
+	dsn := os.Getenv(mysqlEnv)
+	if dsn == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set (.ci/run sets it)", mysqlEnv)
+		}
+		t.Skipf("%s is not set: point it at a MySQL or MariaDB server, e.g. %s='root@tcp(127.0.0.1:3306)/test'", mysqlEnv, mysqlEnv)
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	admin, err := sql.Open("mysql", cfg.FormatDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close() })
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "idem_t_" + hex.EncodeToString(b)
+	ctx := context.Background()
+	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := admin.ExecContext(context.Background(), "DROP DATABASE "+name)
+		require.NoError(t, err)
+	})
+	cfg.DBName = name
+	cfg.Params = map[string]string{}
+	for _, p := range params {
+		k, v, _ := strings.Cut(p, "=")
+		cfg.Params[k] = v
+	}
+	if cfg.Params["clientFoundRows"] == "true" {
+		cfg.ClientFoundRows = true
+		delete(cfg.Params, "clientFoundRows")
+	}
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	require.NoError(t, err)
+	db.SetMaxOpenConns(60)
+	t.Cleanup(func() { db.Close() })
+	require.NoError(t, idemmysql.Migrate(ctx, db))
+	// The business table: no unique key, so a duplicate effect would show.
+	_, err = db.ExecContext(ctx, `CREATE TABLE effects (k VARBINARY(255) NOT NULL, v INT NOT NULL, at DATETIME(6) NOT NULL DEFAULT UTC_TIMESTAMP(6)) ENGINE = InnoDB`)
+	require.NoError(t, err)
+	return db
+}
+
+// effects counts the committed business rows of key k.
+func effects(t *testing.T, db *sql.DB, k string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM effects WHERE k = ?`, k).Scan(&n))
+	return n
+}
+
+// insertEffect is fn's business write.
+func insertEffect(ctx context.Context, tx *sql.Tx, k string, v int) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO effects (k, v) VALUES (?, ?)`, k, v)
+	return err
+}
+
+// claimsRunning counts the sessions running a statement on the record
+// table of db's database: claims waiting for the key's holder.
+func claimsRunning(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+		WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command IN ('Query', 'Execute') AND info LIKE '%idempotent_record%'`).Scan(&n))
+	return n
+}
+
+// waitFor polls cond every 5ms until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within %v", what, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// deadlocks is the server's count of deadlocks so far.
+func deadlocks(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var name string
+	var n int
+	require.NoError(t, db.QueryRow(`SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'`).Scan(&name, &n))
+	return n
+}

@@ -1,0 +1,202 @@
+// Package mysql is the MySQL and MariaDB dialect of the protocol: the
+// statements of the record table and the inbox, the bound of a claim's wait,
+// and the classification of the servers' errors.
+//
+// Every decision comes from a locking read: the claim is an INSERT ... ON
+// DUPLICATE KEY UPDATE that leaves the key's row locked, and its answer (the
+// key's claim token and record) is read under that lock, by the statement
+// itself where the server allows RETURNING (MariaDB) and by a SELECT ... FOR
+// UPDATE after it elsewhere (MySQL 8). A plain SELECT would read the
+// REPEATABLE READ snapshot, which predates the winner's commit; rows
+// affected would lie under clientFoundRows. Times are DATETIME(6) compared
+// with UTC_TIMESTAMP(6), whatever the session's time_zone.
+package mysql
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem/internal/protocol"
+)
+
+// Server is what the dialect may use of a server.
+type Server struct {
+	// Returning: INSERT ... RETURNING (MariaDB 10.5 and later). Without
+	// it the claim's answer is a SELECT ... FOR UPDATE of its own.
+	Returning bool
+	// SetStatement: SET STATEMENT ... FOR (MariaDB), which bounds one
+	// statement's lock wait on the server. Without it no-wait claims are
+	// refused, and a claim's wait is bounded by the server's
+	// innodb_lock_wait_timeout alone.
+	SetStatement bool
+}
+
+// The servers' dialects.
+var (
+	MariaDB = New(Server{Returning: true, SetStatement: true})
+	// MySQL8 is MySQL 8.0 and later: no RETURNING, no SET STATEMENT.
+	MySQL8 = New(Server{})
+)
+
+// New returns the dialect of a server that has what s says.
+func New(s Server) *protocol.Dialect {
+	d := &protocol.Dialect{
+		Name:    "MySQL",
+		Records: func(t protocol.Table) *protocol.Queries { return records(t, s) },
+		Inbox:   inbox,
+		Statements: protocol.Statements{
+			OneAtATime: true,
+		},
+		SQLErrors: protocol.SQLErrors{
+			Unique:       func(err error) bool { return Number(err) == ErDupEntry },
+			IdleTimeout:  func(error) bool { return false },
+			MissingTable: missingTable,
+			Aborted:      Aborted,
+		},
+	}
+	if s.Returning {
+		d.Name = "MariaDB"
+	}
+	if s.SetStatement {
+		d.ClaimPrefix = claimPrefix
+	}
+	return d
+}
+
+// The server errors the protocol acts on.
+const (
+	ErDupEntry         = 1062 // a duplicate key
+	ErNoSuchTable      = 1146
+	ErLockWaitTimeout  = 1205 // the statement alone is rolled back
+	ErLockDeadlock     = 1213 // the whole transaction is rolled back
+	ErCheckRead        = 1020 // "record has changed since last read": the whole transaction
+	ErStatementTimeout = 1969 // max_statement_time exceeded: the statement alone
+	ErNoWait           = 3572 // MySQL 8's NOWAIT: the statement alone
+)
+
+// Number is the server's error number of err, or 0.
+func Number(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// Aborted reports an error with which the server rolled the whole
+// transaction back: a deadlock, or MariaDB's snapshot isolation conflict.
+func Aborted(err error) bool {
+	n := Number(err)
+	return n == ErLockDeadlock || n == ErCheckRead
+}
+
+// missingTable: Table 'db.name' doesn't exist (1146), where db is the
+// schema or the current database.
+func missingTable(err error, t protocol.Table) bool {
+	if Number(err) != ErNoSuchTable {
+		return false
+	}
+	msg := err.Error()
+	if t.Schema != "" {
+		return strings.Contains(msg, "'"+t.Schema+"."+t.Name+"'")
+	}
+	return strings.Contains(msg, "."+t.Name+"'")
+}
+
+// claimPrefix bounds a claim's lock wait on the server: none for a no-wait
+// claim, and at most wait for one whose ctx has a deadline. The client's
+// ctx only closes its socket; without the bound the server would keep the
+// statement waiting (innodb_lock_wait_timeout, 50s by default).
+func claimPrefix(noWait bool, wait time.Duration) string {
+	var sets []string
+	if noWait {
+		sets = append(sets, "innodb_lock_wait_timeout = 0")
+	}
+	if wait >= 0 {
+		// max_statement_time is in seconds; 0 would mean no bound.
+		sets = append(sets, fmt.Sprintf("max_statement_time = %.3f", max(wait.Seconds(), 0.001)))
+	}
+	if len(sets) == 0 {
+		return ""
+	}
+	return "SET STATEMENT " + strings.Join(sets, ", ") + " FOR "
+}
+
+// Quote returns t's quoted, possibly database-qualified name. Its names are
+// plain identifiers (the options validate them), so backticks are safe.
+func Quote(t protocol.Table) string {
+	if t.Schema == "" {
+		return "`" + t.Name + "`"
+	}
+	return "`" + t.Schema + "`.`" + t.Name + "`"
+}
+
+const now = `UTC_TIMESTAMP(6)`
+
+// recordColumns are what a record read yields, in the order of
+// protocol.Record.Dest.
+const recordColumns = `attempt, status, fingerprint, response,
+	expires_at <= ` + now + `,
+	locked_until IS NOT NULL,
+	COALESCE(locked_until > ` + now + `, FALSE)`
+
+func records(table protocol.Table, s Server) *protocol.Queries {
+	t := Quote(table)
+	const ttl = now + ` + INTERVAL $4 MICROSECOND`
+	// MySQL assigns left to right with the new values: attempt, which
+	// reads status, comes before status changes.
+	const takeoverSet = `attempt = CASE WHEN status = 'issued' THEN 1 ELSE attempt + 1 END,
+	status = 'processing', fingerprint = $3, response = NULL, locked_until = NULL, recovery_point = NULL,
+	created_at = ` + now + `, updated_at = ` + now + `, expires_at = ` + ttl
+	const takeable = `((locked_until IS NULL OR locked_until <= ` + now + `)
+	AND (expires_at <= ` + now + ` OR status IN ('issued', 'processing')))`
+	q := &protocol.Queries{
+		Table:  t,
+		Tokens: true,
+		// The claim inserts the record or, for a key that has one, changes
+		// nothing but takes the row's exclusive lock (waiting for an
+		// uncommitted holder): the answer is then read under that lock.
+		Claim: `INSERT INTO ` + t + ` (scope, idem_key, fingerprint, status, attempt, claim_token, created_at, updated_at, expires_at)
+	VALUES ($1, $2, $3, 'processing', 1, $5, ` + now + `, ` + now + `, ` + ttl + `)
+	ON DUPLICATE KEY UPDATE attempt = attempt`,
+		ClaimRead: `SELECT claim_token, ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND idem_key = $2 FOR UPDATE`,
+
+		ClaimIssued: `UPDATE ` + t + ` SET ` + takeoverSet + `, claim_token = $5
+	WHERE scope = $1 AND idem_key = $2 AND status = 'issued' AND expires_at > ` + now,
+
+		Takeover: `UPDATE ` + t + ` SET ` + takeoverSet + `, claim_token = $6
+	WHERE scope = $1 AND idem_key = $2 AND attempt = $5 AND ` + takeable,
+
+		Read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND idem_key = $2 FOR UPDATE`,
+
+		// Complete always changes status, so its row count is 1 whatever
+		// clientFoundRows says; the driver checks it before COMMIT.
+		Complete: `UPDATE ` + t + ` SET status = $3, response = $4, updated_at = ` + now + `
+	WHERE scope = $1 AND idem_key = $2 AND status = 'processing' AND attempt = $5`,
+		CompleteRows: true,
+
+		Release: `DELETE FROM ` + t + ` WHERE scope = $1 AND idem_key = $2 AND status = 'processing' AND attempt = $3`,
+	}
+	if s.Returning {
+		q.Claim += `
+	RETURNING claim_token, ` + recordColumns
+		q.ClaimReturns = true
+	}
+	return q
+}
+
+func inbox(table protocol.Table) *protocol.InboxQueries {
+	t := Quote(table)
+	return &protocol.InboxQueries{
+		Table: t,
+		// A plain INSERT: a duplicate is error 1062, which rolls back that
+		// statement alone. (INSERT IGNORE would turn a too-long or badly
+		// encoded message ID into a warning and a truncated ID.)
+		Insert:        `INSERT INTO ` + t + ` (consumer, message_id, consumed_at) VALUES ($1, $2, ` + now + `)`,
+		InsertAffects: true,
+	}
+}
