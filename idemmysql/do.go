@@ -40,7 +40,7 @@ func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 		return idem.Result[T]{}, err
 	}
 	defer cfg.ExplainMissingTable(&err)
-	v, replayed, err := protocol.Do(ctx, mysqlErrors{}, flavor.NewConn(db, cfg.TxOptions), protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
+	v, replayed, err := protocol.Do(ctx, mysqlErrors{}, flavor.NewConn(db, cfg.TxOptions, cfg.Q), protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
 	return idem.Result[T]{Value: v, Replayed: replayed}, wrap(err)
 }
 

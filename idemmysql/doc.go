@@ -57,9 +57,14 @@
 // and leave the statement waiting on the server. On MySQL 8 idem.NoWait is
 // refused. idem.WithHoldTimeout is refused on both.
 //
-// Statements run one after the other, each one round trip once
-// go-sql-driver has prepared it on the connection: Do costs a bare
-// transaction's round trips plus two on MariaDB (the claim, the completion)
-// and three on MySQL (the claim's read). Give the pool a MaxOpenConns below
-// the server's max_connections (151 by default).
+// Statements run one after the other. Do keeps its own statements prepared
+// on each connection of the pool, so that each costs one round trip after a
+// connection's first use: a bare transaction's round trips plus two on
+// MariaDB (the claim, the completion) and three on MySQL (the claim's
+// read). In the caller's transaction idem cannot reach the pool to keep
+// them prepared, and go-sql-driver prepares and closes each statement with
+// arguments (two round trips) unless the DSN has interpolateParams=true.
+// Give the pool a MaxOpenConns below the server's max_connections (151 by
+// default). docs/mysql.md has the rules, the counts and what was run on
+// which server.
 package idemmysql

@@ -44,6 +44,7 @@ var flavor = &sqldriver.Flavor{
 	Bind:          dialects.Bind,
 	CommitUnknown: commitUnknown,
 	Aborted:       dialects.Aborted,
+	Prepare:       true,
 	TxOptions: func(opts any) (sql.TxOptions, string, error) {
 		return sqldriver.TxOptions("idemmysql", opts, false)
 	},

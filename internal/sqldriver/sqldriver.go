@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/idemkit/idem/internal/protocol"
 )
@@ -36,6 +37,71 @@ type Flavor struct {
 	// TxOptions maps Config.TxOptions to database/sql's, with a statement
 	// that sets what sql.TxOptions cannot express.
 	TxOptions func(opts any) (sql.TxOptions, string, error)
+	// Prepare makes the statements with arguments of Do's transactions
+	// prepared statements of the database, each prepared once per
+	// connection and reused (go-sql-driver/mysql otherwise prepares and
+	// closes one for every statement: two round trips instead of one).
+	Prepare bool
+}
+
+// stmtCache holds one database's prepared statements, by query.
+type stmtCache struct {
+	db *sql.DB
+	m  sync.Map // query -> *sql.Stmt
+}
+
+var caches sync.Map // *sql.DB -> *stmtCache
+
+// cacheOf returns db's statement cache.
+func cacheOf(db *sql.DB) *stmtCache {
+	if c, ok := caches.Load(db); ok {
+		return c.(*stmtCache)
+	}
+	c, _ := caches.LoadOrStore(db, &stmtCache{db: db})
+	return c.(*stmtCache)
+}
+
+// prepare makes sure the cache holds each query's prepared statement. It
+// runs before a transaction begins: preparing takes a connection of the
+// pool's, which a transaction waiting for one must never ask for.
+func (c *stmtCache) prepare(ctx context.Context, queries []string) error {
+	for _, query := range queries {
+		if _, ok := c.m.Load(query); ok || query == "" {
+			continue
+		}
+		s, err := c.db.PrepareContext(ctx, query)
+		if err != nil {
+			return err
+		}
+		if _, loaded := c.m.LoadOrStore(query, s); loaded {
+			_ = s.Close()
+		}
+	}
+	return nil
+}
+
+// stmt returns the prepared statement of query, or nil when it has none.
+func (c *stmtCache) stmt(query string) *sql.Stmt {
+	if s, ok := c.m.Load(query); ok {
+		return s.(*sql.Stmt)
+	}
+	return nil
+}
+
+// stmtQuerier runs one prepared statement as a Querier (the query is the
+// statement's own).
+type stmtQuerier struct{ s *sql.Stmt }
+
+func (q stmtQuerier) ExecContext(ctx context.Context, _ string, args ...any) (sql.Result, error) {
+	return q.s.ExecContext(ctx, args...)
+}
+
+func (q stmtQuerier) QueryContext(ctx context.Context, _ string, args ...any) (*sql.Rows, error) {
+	return q.s.QueryContext(ctx, args...)
+}
+
+func (q stmtQuerier) QueryRowContext(ctx context.Context, _ string, args ...any) *sql.Row {
+	return q.s.QueryRowContext(ctx, args...)
 }
 
 // AbortedError is the error of a statement the driver did not run because
@@ -137,6 +203,8 @@ func (f *Flavor) runOne(ctx context.Context, q Querier, st *protocol.Stmt) error
 type Tx struct {
 	f  *Flavor
 	tx *sql.Tx
+	// cache, when set, prepares the statements with arguments (Prepare).
+	cache *stmtCache
 	// aborted is the error with which the server rolled tx back, if one
 	// of the driver's statements met it.
 	aborted error
@@ -151,11 +219,43 @@ func (t *Tx) Run(ctx context.Context, stmts ...protocol.Stmt) error {
 	if t.aborted != nil {
 		return &AbortedError{Err: t.aborted}
 	}
-	err := t.f.run(ctx, t.tx, stmts)
+	var err error
+	if t.cache == nil {
+		err = t.f.run(ctx, t.tx, stmts)
+	} else {
+		err = t.runPrepared(ctx, stmts)
+	}
 	if err != nil && t.f.Aborted != nil && t.f.Aborted(err) {
 		t.aborted = err
 	}
 	return err
+}
+
+// runPrepared runs stmts as the cache's prepared statements, those with
+// arguments; the others as they are.
+func (t *Tx) runPrepared(ctx context.Context, stmts []protocol.Stmt) error {
+	for i := range stmts {
+		st := &stmts[i]
+		if o := st.OnlyIf; o != nil && !*o {
+			continue
+		}
+		var q Querier = t.tx
+		if len(st.Args) > 0 {
+			query := st.SQL
+			if t.f.Bind != nil {
+				query, _ = t.f.Bind(query, nil)
+			}
+			if ps := t.cache.stmt(query); ps != nil {
+				// Prepared on the transaction's connection the first
+				// time, and reused there after.
+				q = stmtQuerier{t.tx.StmtContext(ctx, ps)}
+			}
+		}
+		if err := t.f.runOne(ctx, q, st); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // InTx reports true: the statements run in the caller's transaction.
@@ -219,16 +319,39 @@ type Conn struct {
 	f    *Flavor
 	db   *sql.DB
 	opts any // Config.TxOptions
+	// prepare are the statements the transactions may run, prepared
+	// before the first begins (Flavor.Prepare).
+	prepare []string
 }
 
 // NewConn is db to Do, its transactions begun with opts (Config.TxOptions).
-func (f *Flavor) NewConn(db *sql.DB, opts any) Conn { return Conn{f: f, db: db, opts: opts} }
+// With Flavor.Prepare, the statements of q that take arguments are
+// prepared statements of db.
+func (f *Flavor) NewConn(db *sql.DB, opts any, q *protocol.Queries) Conn {
+	c := Conn{f: f, db: db, opts: opts}
+	if f.Prepare && q != nil {
+		for _, query := range []string{q.Claim, q.ClaimRead, q.ClaimIssued, q.Takeover, q.Complete, q.Release} {
+			if query != "" && f.Bind != nil {
+				query, _ = f.Bind(query, nil)
+			}
+			c.prepare = append(c.prepare, query)
+		}
+	}
+	return c
+}
 
 // Begin begins a transaction and runs stmts in it.
 func (c Conn) Begin(ctx context.Context, stmts ...protocol.Stmt) (protocol.Own[*sql.Tx], error) {
 	sopts, setTx, err := c.f.TxOptions(c.opts)
 	if err != nil {
 		return nil, err
+	}
+	var cache *stmtCache
+	if len(c.prepare) > 0 {
+		cache = cacheOf(c.db)
+		if err := cache.prepare(ctx, c.prepare); err != nil {
+			return nil, err
+		}
 	}
 	stx, err := c.db.BeginTx(ctx, &sopts)
 	if err != nil {
@@ -238,6 +361,7 @@ func (c Conn) Begin(ctx context.Context, stmts ...protocol.Stmt) (protocol.Own[*
 		stmts = append([]protocol.Stmt{{SQL: setTx}}, stmts...)
 	}
 	tx := c.f.NewTx(stx)
+	tx.cache = cache
 	if err := tx.Run(ctx, stmts...); err != nil {
 		_ = stx.Rollback()
 		return nil, err
