@@ -64,6 +64,9 @@ func runStmts(ctx context.Context, q batcher, stmts []protocol.Stmt) error {
 	}
 	b := &pgx.Batch{}
 	for i := range stmts {
+		if stmts[i].Lazy != nil {
+			return errors.New("idem: a statement completed by the ones before it cannot go in a pgx batch")
+		}
 		queueStmt(b, &stmts[i])
 	}
 	return q.SendBatch(ctx, b).Close()

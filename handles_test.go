@@ -22,13 +22,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/idemmysql"
 	"github.com/idemkit/idem/idemsql"
 	"github.com/idemkit/idem/migrations"
+	mysqlmigrations "github.com/idemkit/idem/migrations/mysql"
 )
 
 // handlePackages are the packages whose exported functions take database
 // handles, with the name each is known by in handleCalls.
-var handlePackages = map[string]string{".": "idem", "idemhttp": "idemhttp", "idemsql": "idemsql", "migrations": "migrations"}
+var handlePackages = map[string]string{".": "idem", "idemhttp": "idemhttp", "idemsql": "idemsql", "idemmysql": "idemmysql", "migrations": "migrations", "migrations/mysql": "mysqlmigrations"}
 
 // handleTypes are the parameter and field types, as written in the source,
 // that carry a database handle.
@@ -158,6 +160,11 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		States: []string{"PENDING", "PAID"}, Transitions: map[string][]string{"PENDING": {"PAID"}},
 	})
 	require.NoError(t, err)
+	myMachine, err := idemmysql.NewStateMachine(idem.StateMachineConfig{
+		Table: "orders", IDColumn: "id", StateColumn: "status",
+		States: []string{"PENDING", "PAID"}, Transitions: map[string][]string{"PENDING": {"PAID"}},
+	})
+	require.NoError(t, err)
 	lease := new(idem.Lease[int])
 	sqlLease := new(idemsql.Lease[int])
 	sqlLeaseDB := func(call func(db idemsql.DBTX) error) handleCall {
@@ -240,6 +247,32 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		}),
 		"idemhttp.SQL": {[]any{(*sql.DB)(nil)}, func(h any) error {
 			_, err := idemhttp.New(idemhttp.SQL(h.(*sql.DB)), idemhttp.Config{Scope: func(*http.Request) (string, error) { return "u", nil }})
+			return err
+		}},
+		"idemhttp.MySQL": {[]any{(*sql.DB)(nil)}, func(h any) error {
+			_, err := idemhttp.New(idemhttp.MySQL(h.(*sql.DB)), idemhttp.Config{Scope: func(*http.Request) (string, error) { return "u", nil }})
+			return err
+		}},
+		"idemmysql.Do": {[]any{(*sql.DB)(nil)}, func(h any) error {
+			_, err := idemmysql.Do(ctx, h.(*sql.DB), key, sqlFn)
+			return err
+		}},
+		"idemmysql.WithIdempotency": {[]any{(*sql.Tx)(nil)}, func(h any) error {
+			_, err := idemmysql.WithIdempotency(ctx, h.(*sql.Tx), key, sqlFn)
+			return err
+		}},
+		"idemmysql.ConsumeOnce": {[]any{(*sql.Tx)(nil)}, func(h any) error {
+			_, err := idemmysql.ConsumeOnce(ctx, h.(*sql.Tx), "c", "m-1", func(context.Context, *sql.Tx) error {
+				t.Error("fn ran")
+				return nil
+			})
+			return err
+		}},
+		"idemmysql.Migrate":    {[]any{(*sql.DB)(nil)}, func(h any) error { return idemmysql.Migrate(ctx, h.(*sql.DB)) }},
+		"mysqlmigrations.Up":   {[]any{(*sql.DB)(nil)}, func(h any) error { return mysqlmigrations.Up(ctx, h.(*sql.DB)) }},
+		"mysqlmigrations.Down": {[]any{(*sql.DB)(nil)}, func(h any) error { return mysqlmigrations.Down(ctx, h.(*sql.DB)) }},
+		"idemmysql.StateMachine.Transition": {[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error {
+			_, err := myMachine.Transition(ctx, as[idemmysql.DBTX](h), 1, "PAID")
 			return err
 		}},
 		"idemsql.Do": {[]any{(*sql.DB)(nil)}, func(h any) error {

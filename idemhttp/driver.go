@@ -7,13 +7,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmysql"
 	"github.com/idemkit/idem/idemsql"
 	"github.com/idemkit/idem/internal/handle"
 )
 
 // Driver is the database the middleware runs each request's transaction
 // on, with the type of transaction its handlers receive: Pgx for pgx, SQL
-// for database/sql. The middleware records its responses as bytes, so a
+// for PostgreSQL through database/sql, MySQL for MySQL and MariaDB. The middleware records its responses as bytes, so a
 // Driver runs functions that return []byte.
 type Driver[TTx any] interface {
 	// Do runs fn at most once per key in a transaction of its own, as
@@ -66,8 +67,38 @@ func (d sqlDriver) Do(ctx context.Context, key idem.Key, fn func(context.Context
 // Aborted reports false: a *sql.Tx does not say whether it failed.
 func (sqlDriver) Aborted(*sql.Tx) bool { return false }
 
+// MySQL is the Driver of a MySQL or MariaDB database (go-sql-driver/mysql):
+// the handler's transaction is a *sql.Tx, which it reaches with SQLTx. A
+// duplicate in flight is answered 409 at once on MariaDB; on MySQL 8, which
+// idemmysql's no-wait claims do not serve, set Config.Wait. There is no hold
+// timeout (Config.HoldTimeout). A nil db gives a nil Driver, which New
+// refuses.
+func MySQL(db *sql.DB) Driver[*sql.Tx] {
+	if db == nil {
+		return nil
+	}
+	return mysqlDriver{db: db}
+}
+
+type mysqlDriver struct{ db *sql.DB }
+
+func (d mysqlDriver) Do(ctx context.Context, key idem.Key, fn func(context.Context, *sql.Tx) ([]byte, error), opts ...idem.DoOption) (idem.Result[[]byte], error) {
+	return idemmysql.Do(ctx, d.db, key, fn, opts...)
+}
+
+// noHoldTimeout: idemmysql has no hold timeout (Config.HoldTimeout).
+func (mysqlDriver) noHoldTimeout() {}
+
+// unbounded is a Driver whose database has no hold timeout.
+type unbounded interface{ noHoldTimeout() }
+
+// Aborted reports false: a *sql.Tx does not say whether it failed, and a
+// failed statement leaves a MySQL transaction usable (one the server rolled
+// back fails the completion, which then matches no record).
+func (mysqlDriver) Aborted(*sql.Tx) bool { return false }
+
 // SQLTx returns the request's *sql.Tx inside a handler wrapped by New with
-// SQL, or nil when the request passed through without one. The handler
+// SQL or MySQL, or nil when the request passed through without one. The handler
 // must not commit or roll it back.
 func SQLTx(ctx context.Context) *sql.Tx {
 	tx, _ := ctx.Value(txKey{}).(*sql.Tx)

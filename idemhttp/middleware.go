@@ -126,7 +126,8 @@ type Config struct {
 	// an error of its own. A statement of the handler's that runs longer
 	// than this fails (SQLSTATE 57014), and the handler answers as it does
 	// for any failed statement. It defaults to DefaultHoldTimeout; a
-	// negative value sets no bound; at most idem.MaxHoldTimeout.
+	// negative value sets no bound; at most idem.MaxHoldTimeout. On MySQL
+	// (the MySQL Driver) there is none, and a positive value is refused.
 	HoldTimeout time.Duration
 	// Options are passed to idem.Do (idem.WithTable, idem.WithTxOptions,
 	// idem.RequireIssued, ...). Responses are stored in a compact binary
@@ -185,6 +186,13 @@ func New[TTx any](d Driver[TTx], cfg Config) (func(http.Handler) http.Handler, e
 	recordCap := int64(math.MaxInt)
 	if cfg.MaxResponseBody < recordCap-responseOverhead {
 		recordCap = cfg.MaxResponseBody + responseOverhead
+	}
+	if _, ok := any(d).(unbounded); ok {
+		// The database has no hold timeout (MySQL): the default is none.
+		if cfg.HoldTimeout > 0 {
+			return nil, fmt.Errorf("%w: idemhttp.Config.HoldTimeout is not supported on this database", idem.ErrInvalidOption)
+		}
+		cfg.HoldTimeout = -1
 	}
 	if cfg.HoldTimeout == 0 {
 		cfg.HoldTimeout = DefaultHoldTimeout

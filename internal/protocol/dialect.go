@@ -181,6 +181,14 @@ type MachineQueries interface {
 	Transition(n int, sets []string, expectVersion bool) string
 	// HistoryDDL creates the history table, entity_id of type idType.
 	HistoryDDL(idType string) string
+	// LockRead, where the database's UPDATE cannot return the row (MySQL),
+	// reads a row's state and version under an exclusive lock ($1 the id);
+	// the transition is then that read, Transition with one source state
+	// (the one read) when the move is allowed, and HistoryInsert ($1 id, $2
+	// the new state, $3 the state left, $4 the new version), in one group.
+	// "" where Transition reads and writes in one statement.
+	LockRead() string
+	HistoryInsert() string
 }
 
 // RollbackTo rolls back to the savepoints in order, then releases the last:

@@ -23,6 +23,8 @@ type testMachine struct{}
 func (testMachine) Read() string                          { return "machine read" }
 func (testMachine) Transition(int, []string, bool) string { return "machine transition" }
 func (testMachine) HistoryDDL(string) string              { return "machine history" }
+func (testMachine) LockRead() string                      { return "" }
+func (testMachine) HistoryInsert() string                 { return "" }
 
 // A table's statements are built once per dialect; the defaults come
 // without a lookup, any other table from the cache.

@@ -28,6 +28,12 @@ type Stmt struct {
 	// at a time skips it when false. A driver that sends the group at once
 	// runs it anyway, so it must be harmless either way.
 	OnlyIf *bool
+	// Lazy, when not nil, completes the statement from what the statements
+	// before it in the group returned: a driver that runs statements one at
+	// a time calls it just before the statement (it may set Args, and
+	// OnlyIf to skip it). A driver that sends the group at once cannot, and
+	// fails the group: only dialects of such drivers' databases use it.
+	Lazy func(st *Stmt)
 }
 
 // Exec runs groups of statements in one transaction.

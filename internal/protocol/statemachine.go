@@ -237,6 +237,9 @@ func (m *Machine) Transition(ctx context.Context, q Querier, closed func(error) 
 			return res, fmt.Errorf("%w: Set(%q): the machine owns that column", ErrInvalidOption, s.column)
 		}
 	}
+	if m.q.LockRead() != "" {
+		return m.transitionLocked(ctx, q, closed, id, to, call)
+	}
 	allowed := m.from[to]
 
 	sql := m.plain[to]
@@ -267,6 +270,70 @@ func (m *Machine) Transition(ctx context.Context, q Querier, closed func(error) 
 			return res, ClosedHandle("Transition", err, closed)
 		}
 	}
+	return m.settle(res, id, to, call, found, applied, current, prev, version)
+}
+
+// transitionLocked is Transition in a dialect with a LockRead: the row is
+// read under its lock, and updated (with its history row) only if the move
+// is allowed from the state read, in one group of statements (one
+// transaction when q is not the caller's).
+func (m *Machine) transitionLocked(ctx context.Context, q Querier, closed func(error) (string, bool), id any, to string, call *TransitionCall) (TransitionResult, error) {
+	var (
+		found, applied bool
+		current        *string
+		version        *int64
+		changed        int64
+	)
+	sources := m.from[to]
+	allowed := func() bool {
+		if !found || current == nil || !slices.Contains(sources, *current) {
+			return false
+		}
+		return call.expectVersion == nil || (version != nil && *version == *call.expectVersion)
+	}
+	newVersion := func() any {
+		if version == nil {
+			return nil
+		}
+		return *version + 1
+	}
+	sql := m.plain[to]
+	if len(call.sets) > 0 || call.expectVersion != nil {
+		sql = m.transitionSQL(to, call)
+	}
+	stmts := []Stmt{
+		{SQL: m.q.LockRead(), Args: []any{id}, Dest: []any{&current, &version}, Found: &found},
+		{SQL: sql, Affected: &changed, Exactly1: true, Lazy: func(st *Stmt) {
+			applied = allowed()
+			st.OnlyIf = &applied
+			if applied {
+				st.Args = m.argsFrom(id, to, *current, call)
+			}
+		}},
+	}
+	if m.cfg.HistoryTable != "" {
+		stmts = append(stmts, Stmt{SQL: m.q.HistoryInsert(), OnlyIf: &applied, Lazy: func(st *Stmt) {
+			if applied {
+				st.Args = []any{id, to, *current, newVersion()}
+			}
+		}})
+	}
+	if err := q.Run(ctx, stmts...); err != nil {
+		return TransitionResult{To: to}, ClosedHandle("Transition", err, closed)
+	}
+	prev := current
+	if applied && version != nil {
+		v := *version + 1
+		version = &v
+	}
+	return m.settle(TransitionResult{To: to}, id, to, call, found, applied, current, prev, version)
+}
+
+// settle turns what a transition's statements found into its result: the
+// row missing (ErrNotFound), moved (from prev), or left in current, which
+// is a repeat, this writer's own transition at ExpectVersion, or a refusal.
+func (m *Machine) settle(res TransitionResult, id any, to string, call *TransitionCall,
+	found, applied bool, current, prev *string, version *int64) (TransitionResult, error) {
 	if !found {
 		return res, fmt.Errorf("%w: no row of %s with %s = %v", ErrNotFound, m.cfg.Table, m.cfg.IDColumn, id)
 	}
@@ -321,6 +388,21 @@ func (m *Machine) args(id any, to string, call *TransitionCall) []any {
 	return args
 }
 
+// argsFrom are the parameters of a transition to to from the one state
+// from (a LockRead dialect's): as args orders them, with from the only
+// source.
+func (m *Machine) argsFrom(id any, to, from string, call *TransitionCall) []any {
+	args := make([]any, 0, 3+len(call.sets)+1)
+	args = append(args, id, to, from)
+	for _, s := range call.sets {
+		args = append(args, s.value)
+	}
+	if call.expectVersion != nil {
+		args = append(args, *call.expectVersion)
+	}
+	return args
+}
+
 // transitionSQL is the dialect's statement of a transition to to, with
 // call's options.
 func (m *Machine) transitionSQL(to string, call *TransitionCall) string {
@@ -328,7 +410,11 @@ func (m *Machine) transitionSQL(to string, call *TransitionCall) string {
 	for i, s := range call.sets {
 		sets[i] = s.column
 	}
-	return m.q.Transition(len(m.from[to]), sets, call.expectVersion != nil)
+	n := len(m.from[to])
+	if m.q.LockRead() != "" {
+		n = 1 // the one state the row is in
+	}
+	return m.q.Transition(n, sets, call.expectVersion != nil)
 }
 
 // Sources maps each state to the states that may reach it, sorted. The

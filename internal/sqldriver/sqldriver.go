@@ -142,7 +142,7 @@ type Querier interface {
 // run runs stmts on q one after the other, stopping at the first error.
 func (f *Flavor) run(ctx context.Context, q Querier, stmts []protocol.Stmt) error {
 	for i := range stmts {
-		if o := stmts[i].OnlyIf; o != nil && !*o {
+		if !ready(&stmts[i]) {
 			continue
 		}
 		if err := f.runOne(ctx, q, &stmts[i]); err != nil {
@@ -198,6 +198,15 @@ func (f *Flavor) runOne(ctx context.Context, q Querier, st *protocol.Stmt) error
 	return nil
 }
 
+// ready completes st (Stmt.Lazy) and reports whether it is to run
+// (Stmt.OnlyIf).
+func ready(st *protocol.Stmt) bool {
+	if st.Lazy != nil {
+		st.Lazy(st)
+	}
+	return st.OnlyIf == nil || *st.OnlyIf
+}
+
 // Tx is a *sql.Tx to the protocol: the caller's (WithIdempotency) or one of
 // Do's.
 type Tx struct {
@@ -236,7 +245,7 @@ func (t *Tx) Run(ctx context.Context, stmts ...protocol.Stmt) error {
 func (t *Tx) runPrepared(ctx context.Context, stmts []protocol.Stmt) error {
 	for i := range stmts {
 		st := &stmts[i]
-		if o := st.OnlyIf; o != nil && !*o {
+		if !ready(st) {
 			continue
 		}
 		var q Querier = t.tx
@@ -405,6 +414,9 @@ type beginQuerier struct {
 
 func (q beginQuerier) Run(ctx context.Context, stmts ...protocol.Stmt) error {
 	if len(stmts) == 1 {
+		if !ready(&stmts[0]) {
+			return nil
+		}
 		return q.f.runOne(ctx, q.db, &stmts[0])
 	}
 	stx, err := q.db.BeginTx(ctx, nil)

@@ -48,6 +48,7 @@ func New(s Server) *protocol.Dialect {
 		Name:    "MySQL",
 		Records: func(t protocol.Table) *protocol.Queries { return records(t, s) },
 		Inbox:   inbox,
+		Machine: machine,
 		Statements: protocol.Statements{
 			OneAtATime: true,
 		},

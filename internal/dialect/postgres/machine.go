@@ -125,3 +125,9 @@ func (m *machineQueries) HistoryDDL(idType string) string {
 	changed_at timestamptz NOT NULL DEFAULT now()
 )`
 }
+
+// LockRead is "": Transition reads and writes in one statement.
+func (*machineQueries) LockRead() string { return "" }
+
+// HistoryInsert is "": Transition writes the history row itself.
+func (*machineQueries) HistoryInsert() string { return "" }
