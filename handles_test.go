@@ -165,6 +165,9 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		States: []string{"PENDING", "PAID"}, Transitions: map[string][]string{"PENDING": {"PAID"}},
 	})
 	require.NoError(t, err)
+	myOps := func(call func(db idemmysql.DBTX) error) handleCall {
+		return handleCall{[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error { return call(as[idemmysql.DBTX](h)) }}
+	}
 	lease := new(idem.Lease[int])
 	sqlLease := new(idemsql.Lease[int])
 	sqlLeaseDB := func(call func(db idemsql.DBTX) error) handleCall {
@@ -315,11 +318,16 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			_, err := sqlMachine.Transition(ctx, as[idemsql.DBTX](h), 1, "PAID")
 			return err
 		}},
-		"idemsql.Lookup":       sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Lookup(ctx, db, "s", "k"); return err }),
-		"idemsql.Stuck":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Stuck(ctx, db, 10); return err }),
-		"idemsql.CountExpired": sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
-		"idemsql.TableStats":   sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
-		"idemsql.Purge":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemsql.Lookup":         sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Lookup(ctx, db, "s", "k"); return err }),
+		"idemsql.Stuck":          sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Stuck(ctx, db, 10); return err }),
+		"idemsql.CountExpired":   sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
+		"idemsql.TableStats":     sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
+		"idemsql.Purge":          sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemmysql.CountExpired": myOps(func(db idemmysql.DBTX) error { _, _, err := idemmysql.CountExpired(ctx, db, time.Hour); return err }),
+		"idemmysql.Purge":        myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemmysql.Purger.DB": {[]any{(*sql.DB)(nil)}, func(h any) error {
+			return (&idemmysql.Purger{DB: h.(*sql.DB)}).Run(ctx)
+		}},
 		"idemsql.Purger.DB": {[]any{(*sql.DB)(nil)}, func(h any) error {
 			return (&idemsql.Purger{DB: h.(*sql.DB)}).Run(ctx)
 		}},

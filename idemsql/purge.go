@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/front"
 	"github.com/idemkit/idem/internal/handle"
 	"github.com/idemkit/idem/internal/protocol"
 )
@@ -35,7 +36,7 @@ import (
 // or rolled back, fails with an error that says so (the latter matching
 // idem.ErrInvalidOption).
 func Purge(ctx context.Context, db DBTX, po idem.PurgeParams, opts ...idem.TableOption) (int64, error) {
-	return protocol.Purge(ctx, dialect, opsQuerier(db), sqlErrors{}, purgeParams(po), purgeOptions(po.Hooks, opts))
+	return protocol.Purge(ctx, dialect, opsQuerier(db), sqlErrors{}, front.PurgeParams(po), front.PurgeOptions(po.Hooks, opts))
 }
 
 // opsQuerier is db to the protocol, or nil when db is missing (nil, or a
@@ -45,25 +46,6 @@ func opsQuerier(db DBTX) protocol.Querier {
 		return nil
 	}
 	return querierOf(db)
-}
-
-// purgeParams is po to the protocol, but for its Hooks (purgeOptions).
-func purgeParams(po idem.PurgeParams) protocol.PurgeParams {
-	return protocol.PurgeParams{BatchSize: po.BatchSize, InboxRetention: po.InboxRetention, OnBatch: po.OnBatch,
-		OnInboxBatch: po.OnInboxBatch, RowsPerSecond: po.RowsPerSecond, Retry: protocol.Retry(po.Retry)}
-}
-
-// purgeOptions is opts and, when h is set, idem.WithHooks(h): the options
-// of a Purge whose PurgeParams.Hooks is h.
-func purgeOptions(h idem.Hooks, opts []idem.TableOption) []idem.KeyOption {
-	all := make([]idem.KeyOption, 0, len(opts)+1)
-	for _, o := range opts {
-		all = append(all, o)
-	}
-	if h != nil {
-		all = append(all, idem.WithHooks(h))
-	}
-	return all
 }
 
 // Purger runs Purge on an interval until its context ends, as idem.Purger

@@ -7,6 +7,7 @@ import (
 	"errors"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/protocol"
 )
 
 // ValidateMessage checks a ConsumeOnce consumer and message ID as
@@ -23,4 +24,23 @@ func ValidateMessage(consumer, messageID string) error {
 		field = "message ID"
 	}
 	return &idem.InvalidKeyError{Field: field, Reason: invalid.Reason}
+}
+
+// PurgeParams is po to the protocol, but for its Hooks (PurgeOptions).
+func PurgeParams(po idem.PurgeParams) protocol.PurgeParams {
+	return protocol.PurgeParams{BatchSize: po.BatchSize, InboxRetention: po.InboxRetention, OnBatch: po.OnBatch,
+		OnInboxBatch: po.OnInboxBatch, RowsPerSecond: po.RowsPerSecond, Retry: protocol.Retry(po.Retry)}
+}
+
+// PurgeOptions is opts and, when h is set, idem.WithHooks(h): the options
+// of a Purge whose PurgeParams.Hooks is h.
+func PurgeOptions(h idem.Hooks, opts []idem.TableOption) []idem.KeyOption {
+	all := make([]idem.KeyOption, 0, len(opts)+1)
+	for _, o := range opts {
+		all = append(all, o)
+	}
+	if h != nil {
+		all = append(all, idem.WithHooks(h))
+	}
+	return all
 }

@@ -142,18 +142,27 @@ func purgeBatch(ctx context.Context, q Querier, errs Errors, c *Config, size int
 		err := q.Run(ctx, Stmt{SQL: qs.PurgeSkipLocked, Args: []any{size}, Affected: &n})
 		return n, err
 	}
-	err := q.Run(ctx,
-		Stmt{SQL: c.D.ReadCommitted},
-		Stmt{SQL: c.D.PurgeLockTimeout},
-		Stmt{SQL: qs.Purge, Args: []any{size}, Affected: &n})
+	stmts := purgeSettings(c.D.ReadCommitted, c.D.PurgeLockTimeout)
+	err := q.Run(ctx, append(stmts, Stmt{SQL: qs.Purge, Args: []any{size}, Affected: &n})...)
 	if err == nil || !errs.LockTimeout(err) {
 		return n, err
 	}
 	n = 0
-	err = q.Run(ctx,
-		Stmt{SQL: c.D.ReadCommitted},
-		Stmt{SQL: qs.PurgeSkipLocked, Args: []any{size}, Affected: &n})
+	stmts = purgeSettings(c.D.ReadCommitted)
+	err = q.Run(ctx, append(stmts, Stmt{SQL: qs.PurgeSkipLocked, Args: []any{size}, Affected: &n})...)
 	return n, err
+}
+
+// purgeSettings are the statements of settings that a batch of its own
+// begins with, those the dialect has.
+func purgeSettings(settings ...string) []Stmt {
+	stmts := make([]Stmt, 0, len(settings)+1)
+	for _, sql := range settings {
+		if sql != "" {
+			stmts = append(stmts, Stmt{SQL: sql})
+		}
+	}
+	return stmts
 }
 
 // purgeInboxRows deletes the inbox rows of c.Inbox consumed more than

@@ -138,6 +138,11 @@ func Quote(t protocol.Table) string {
 
 const now = `UTC_TIMESTAMP(6)`
 
+// purgeable is the condition of a record Purge deletes: expired, and not a
+// lease-mode record still processing (its next claim takes it over, so that
+// the fencing token never restarts at 1).
+const purgeable = `expires_at <= ` + now + ` AND NOT (status = 'processing' AND locked_until IS NOT NULL)`
+
 // recordColumns are what a record read yields, in the order of
 // protocol.Record.Dest.
 const recordColumns = `attempt, status, fingerprint, response,
@@ -155,6 +160,7 @@ func records(table protocol.Table, s Server) *protocol.Queries {
 	created_at = ` + now + `, updated_at = ` + now + `, expires_at = ` + ttl
 	const takeable = `((locked_until IS NULL OR locked_until <= ` + now + `)
 	AND (expires_at <= ` + now + ` OR status IN ('issued', 'processing')))`
+	purge := `DELETE FROM ` + t + ` WHERE ` + purgeable + ` ORDER BY expires_at, scope, idem_key LIMIT $1`
 	q := &protocol.Queries{
 		Table:  t,
 		Tokens: true,
@@ -181,6 +187,13 @@ func records(table protocol.Table, s Server) *protocol.Queries {
 		CompleteRows: true,
 
 		Release: `DELETE FROM ` + t + ` WHERE scope = $1 AND idem_key = $2 AND status = 'processing' AND attempt = $3`,
+
+		// A batch is one DELETE, in an order that names each row (so that
+		// a statement-based binlog replays it alike); it waits for a row
+		// another transaction holds (MySQL's DELETE cannot skip one).
+		Purge:           purge,
+		PurgeSkipLocked: purge,
+		CountExpired:    `SELECT COUNT(*) FROM ` + t + ` WHERE ` + purgeable,
 	}
 	if s.Returning {
 		q.Claim += `
@@ -192,6 +205,7 @@ func records(table protocol.Table, s Server) *protocol.Queries {
 
 func inbox(table protocol.Table) *protocol.InboxQueries {
 	t := Quote(table)
+	const older = `consumed_at < ` + now + ` - INTERVAL $1 MICROSECOND`
 	return &protocol.InboxQueries{
 		Table: t,
 		// A plain INSERT: a duplicate is error 1062, which rolls back that
@@ -199,5 +213,7 @@ func inbox(table protocol.Table) *protocol.InboxQueries {
 		// encoded message ID into a warning and a truncated ID.)
 		Insert:        `INSERT INTO ` + t + ` (consumer, message_id, consumed_at) VALUES ($1, $2, ` + now + `)`,
 		InsertAffects: true,
+		Purge:         `DELETE FROM ` + t + ` WHERE ` + older + ` ORDER BY consumed_at, consumer, message_id LIMIT $2`,
+		CountExpired:  `SELECT COUNT(*) FROM ` + t + ` WHERE ` + older,
 	}
 }
