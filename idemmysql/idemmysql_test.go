@@ -543,3 +543,35 @@ func TestTables(t *testing.T) {
 	_, err = idemmysql.Do(ctx, db, idem.Key{Scope: "s", ID: "k"}, fn, idem.WithHoldTimeout(time.Second))
 	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
+
+// With innodb_snapshot_isolation (MariaDB's default from 11.6), a claim on
+// a record committed after the caller's REPEATABLE READ snapshot fails with
+// 1020 and the server rolls the transaction back: a *TxAbortedError, as for
+// a deadlock, with nothing of the transaction left.
+func TestSnapshotIsolationConflict(t *testing.T) {
+	db := openDB(t)
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `SET SESSION innodb_snapshot_isolation = ON`); err != nil {
+		t.Skipf("the server has no innodb_snapshot_isolation: %v", err)
+	}
+	key := idem.Key{Scope: "si", ID: "k"}
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	require.NoError(t, err)
+	require.NoError(t, insertEffect(ctx, tx, "mine", 1))
+	var n int
+	require.NoError(t, tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM idempotent_record`).Scan(&n)) // the snapshot
+	_, err = idemmysql.Do(ctx, db, key, func(ctx context.Context, tx *sql.Tx) (int, error) { return 1, insertEffect(ctx, tx, key.ID, 1) })
+	require.NoError(t, err)
+	_, err = idemmysql.WithIdempotency(ctx, tx, key, func(ctx context.Context, tx *sql.Tx) (int, error) {
+		return 2, insertEffect(ctx, tx, key.ID, 2)
+	})
+	var ta *idemmysql.TxAbortedError
+	require.ErrorAs(t, err, &ta, "%v", err)
+	require.True(t, idem.IsRetryable(err))
+	_ = tx.Commit() // database/sql does not know: it must commit nothing
+	require.Zero(t, effects(t, db, "mine"))
+	require.Equal(t, 1, effects(t, db, key.ID))
+}
