@@ -53,9 +53,15 @@ func openDB(t *testing.T, params ...string) *sql.DB {
 		k, v, _ := strings.Cut(p, "=")
 		cfg.Params[k] = v
 	}
+	// The driver's own parameters are Config fields; the rest of Params
+	// are session variables.
 	if cfg.Params["clientFoundRows"] == "true" {
 		cfg.ClientFoundRows = true
 		delete(cfg.Params, "clientFoundRows")
+	}
+	if cfg.Params["parseTime"] == "true" {
+		cfg.ParseTime = true
+		delete(cfg.Params, "parseTime")
 	}
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	require.NoError(t, err)

@@ -27,9 +27,50 @@ type StoredRecord struct {
 // (empty for none), created_at, updated_at, expires_at. A NULL locked_until,
 // fingerprint or response leaves the field nil, with every driver: each
 // scans NULL into a pointer or a []byte as nil.
-func (r *StoredRecord) dest() []any {
+func (r *StoredRecord) dest(q *Queries) []any {
+	if q.TimeText {
+		return []any{&r.Scope, &r.ID, &r.Status, &r.Attempt, &r.Fingerprint, &r.Response, textTime{p: &r.LockedUntil},
+			&r.RecoveryPoint, textTime{t: &r.CreatedAt}, textTime{t: &r.UpdatedAt}, textTime{t: &r.ExpiresAt}}
+	}
 	return []any{&r.Scope, &r.ID, &r.Status, &r.Attempt, &r.Fingerprint, &r.Response, &r.LockedUntil,
 		&r.RecoveryPoint, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt}
+}
+
+// textTime scans a UTC time that a driver may give as a time.Time or, as
+// go-sql-driver/mysql does without parseTime, as text ("2006-01-02
+// 15:04:05.999999"), into t, or into p (nil for NULL).
+type textTime struct {
+	t *time.Time
+	p **time.Time
+}
+
+func (s textTime) Scan(src any) error {
+	var v time.Time
+	switch x := src.(type) {
+	case nil:
+		if s.p == nil {
+			return fmt.Errorf("idem: a NULL time")
+		}
+		*s.p = nil
+		return nil
+	case time.Time:
+		v = x.UTC()
+	case []byte:
+		return s.Scan(string(x))
+	case string:
+		var err error
+		if v, err = time.ParseInLocation("2006-01-02 15:04:05.999999", x, time.UTC); err != nil {
+			return fmt.Errorf("idem: a time: %w", err)
+		}
+	default:
+		return fmt.Errorf("idem: a time of type %T", src)
+	}
+	if s.p != nil {
+		*s.p = &v
+	} else {
+		*s.t = v
+	}
+	return nil
 }
 
 // Stats is idem.Stats, field for field.
@@ -59,7 +100,7 @@ func Lookup[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, scop
 	var r StoredRecord
 	found := false
 	err = q.Run(ctx, Stmt{SQL: cfg.Q.Lookup,
-		Args: []any{scope, id}, Dest: r.dest(), Found: &found})
+		Args: []any{scope, id}, Dest: r.dest(cfg.Q), Found: &found})
 	if err != nil {
 		return nil, opError(ctx, errs, "Lookup", "looking up a record", err)
 	}
@@ -84,7 +125,7 @@ func Stuck[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, limit
 	out := []StoredRecord{}
 	err = q.Run(ctx, Stmt{SQL: cfg.Q.Stuck, Args: []any{limit}, Each: func(scan func(dest ...any) error) error {
 		var r StoredRecord
-		if err := scan(r.dest()...); err != nil {
+		if err := scan(r.dest(cfg.Q)...); err != nil {
 			return err
 		}
 		out = append(out, r)
@@ -142,7 +183,11 @@ func TableStats[O any](ctx context.Context, d *Dialect, q Querier, errs Errors, 
 			n, expired, stuck int64
 			oldest            *time.Time
 		)
-		if err := scan(&status, &n, &expired, &stuck, &oldest, &st.TableBytes, &st.IndexBytes); err != nil {
+		var oldestDest any = &oldest
+		if cfg.Q.TimeText {
+			oldestDest = textTime{p: &oldest}
+		}
+		if err := scan(&status, &n, &expired, &stuck, oldestDest, &st.TableBytes, &st.IndexBytes); err != nil {
 			return err
 		}
 		if status != nil {

@@ -83,6 +83,10 @@ type Queries struct {
 	Lookup, Stuck string
 	// CountExpired counts the records Purge would delete now.
 	CountExpired string
+	// TimeText reports that the driver may return the times of Lookup,
+	// Stuck and Stats as text in UTC (go-sql-driver/mysql without
+	// parseTime), which the protocol then parses.
+	TimeText bool
 	// Stats returns a row per status (one row of NULL status and zero
 	// counts for an empty table): the status, its count, how many of them
 	// expired, how many are stuck leases, the oldest created_at, and the

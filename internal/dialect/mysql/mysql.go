@@ -143,6 +143,24 @@ const now = `UTC_TIMESTAMP(6)`
 // the fencing token never restarts at 1).
 const purgeable = `expires_at <= ` + now + ` AND NOT (status = 'processing' AND locked_until IS NOT NULL)`
 
+// stuckLease is the condition of a lease-mode record still processing whose
+// lease ran out.
+const stuckLease = `status = 'processing' AND locked_until <= ` + now
+
+// inspectColumns are what Lookup and Stuck read, in the order of
+// protocol.StoredRecord's scan; the times as text in UTC.
+const inspectColumns = `scope, idem_key, status, attempt, fingerprint, response, locked_until,
+	COALESCE(recovery_point, ''), created_at, updated_at, expires_at`
+
+// schemaOf is the SQL of t's database: its own, or the current one. Its
+// names are plain identifiers, so they are safe as literals.
+func schemaOf(t protocol.Table) string {
+	if t.Schema == "" {
+		return "DATABASE()"
+	}
+	return "'" + t.Schema + "'"
+}
+
 // recordColumns are what a record read yields, in the order of
 // protocol.Record.Dest.
 const recordColumns = `attempt, status, fingerprint, response,
@@ -194,6 +212,21 @@ func records(table protocol.Table, s Server) *protocol.Queries {
 		Purge:           purge,
 		PurgeSkipLocked: purge,
 		CountExpired:    `SELECT COUNT(*) FROM ` + t + ` WHERE ` + purgeable,
+
+		TimeText: true,
+		Lookup:   `SELECT ` + inspectColumns + ` FROM ` + t + ` WHERE scope = $1 AND idem_key = $2`,
+		Stuck: `SELECT ` + inspectColumns + ` FROM ` + t + ` WHERE ` + stuckLease + `
+	ORDER BY locked_until LIMIT $1`,
+		// One statement, one snapshot: a row per status (one of NULLs for
+		// an empty table, hence the outer join), each with the sizes
+		// InnoDB estimates for the table and its secondary indexes.
+		Stats: `SELECT s.status, COALESCE(s.n, 0), COALESCE(s.expired, 0), COALESCE(s.stuck, 0), s.oldest,
+		COALESCE(z.data_length, 0), COALESCE(z.index_length, 0)
+	FROM (SELECT 1 AS one) AS o
+	LEFT JOIN (SELECT status, COUNT(*) AS n, SUM(` + purgeable + `) AS expired, SUM(` + stuckLease + `) AS stuck,
+		MIN(created_at) AS oldest FROM ` + t + ` GROUP BY status) AS s ON TRUE
+	LEFT JOIN information_schema.TABLES AS z
+		ON z.table_schema = ` + schemaOf(table) + ` AND z.table_name = '` + table.Name + `'`,
 	}
 	if s.Returning {
 		q.Claim += `
