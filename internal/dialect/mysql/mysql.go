@@ -108,6 +108,10 @@ func missingTable(err error, t protocol.Table) bool {
 	return strings.Contains(msg, "."+t.Name+"'")
 }
 
+// serverGrace is how much longer than ctx's deadline the server lets a
+// claim wait.
+const serverGrace = 100 * time.Millisecond
+
 // claimPrefix bounds a claim's lock wait on the server: none for a no-wait
 // claim, and at most wait for one whose ctx has a deadline. The client's
 // ctx only closes its socket; without the bound the server would keep the
@@ -118,8 +122,10 @@ func claimPrefix(noWait bool, wait time.Duration) string {
 		sets = append(sets, "innodb_lock_wait_timeout = 0")
 	}
 	if wait >= 0 {
-		// max_statement_time is in seconds; 0 would mean no bound.
-		sets = append(sets, fmt.Sprintf("max_statement_time = %.3f", max(wait.Seconds(), 0.001)))
+		// In seconds (0 would mean no bound), a little past the deadline:
+		// the client gives up first and reports ctx's error, and the
+		// server ends the statement just after.
+		sets = append(sets, fmt.Sprintf("max_statement_time = %.3f", (wait+serverGrace).Seconds()))
 	}
 	if len(sets) == 0 {
 		return ""

@@ -65,8 +65,8 @@ func TestClaimPrefix(t *testing.T) {
 	}{
 		{false, -1, ""},
 		{true, -1, "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "},
-		{false, 1500 * time.Millisecond, "SET STATEMENT max_statement_time = 1.500 FOR "},
-		{true, 0, "SET STATEMENT innodb_lock_wait_timeout = 0, max_statement_time = 0.001 FOR "},
+		{false, 1500 * time.Millisecond, "SET STATEMENT max_statement_time = 1.600 FOR "},
+		{true, 0, "SET STATEMENT innodb_lock_wait_timeout = 0, max_statement_time = 0.100 FOR "},
 	} {
 		if got := claimPrefix(c.noWait, c.wait); got != c.want {
 			t.Errorf("%v %v: %q, want %q", c.noWait, c.wait, got, c.want)
