@@ -323,6 +323,7 @@ func handleCalls(t *testing.T) map[string]handleCall {
 		"idemsql.CountExpired":   sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
 		"idemsql.TableStats":     sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
 		"idemsql.Purge":          sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemmysql.IssueToken":   myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.IssueToken(ctx, db, "s", time.Hour); return err }),
 		"idemmysql.Lookup":       myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Lookup(ctx, db, "s", "k"); return err }),
 		"idemmysql.Stuck":        myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Stuck(ctx, db, 1); return err }),
 		"idemmysql.TableStats":   myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.TableStats(ctx, db); return err }),

@@ -204,6 +204,11 @@ func records(table protocol.Table, s Server) *protocol.Queries {
 
 		Read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND idem_key = $2 FOR UPDATE`,
 
+		// A token no claim holds yet: no fingerprint, attempt 0, a claim
+		// token of zeros (no claim's random one is).
+		Issue: `INSERT INTO ` + t + ` (scope, idem_key, fingerprint, status, attempt, claim_token, created_at, updated_at, expires_at)
+	VALUES ($1, $2, '', 'issued', 0, UNHEX('00000000000000000000000000000000'), ` + now + `, ` + now + `, ` + now + ` + INTERVAL $3 MICROSECOND)`,
+
 		// Complete always changes status, so its row count is 1 whatever
 		// clientFoundRows says; the driver checks it before COMMIT.
 		Complete: `UPDATE ` + t + ` SET status = $3, response = $4, updated_at = ` + now + `
