@@ -168,6 +168,7 @@ func handleCalls(t *testing.T) map[string]handleCall {
 	myOps := func(call func(db idemmysql.DBTX) error) handleCall {
 		return handleCall{[]any{nil, (*sql.DB)(nil), (*sql.Tx)(nil), (*sql.Conn)(nil)}, func(h any) error { return call(as[idemmysql.DBTX](h)) }}
 	}
+	myLease := new(idemmysql.Lease[int])
 	lease := new(idem.Lease[int])
 	sqlLease := new(idemsql.Lease[int])
 	sqlLeaseDB := func(call func(db idemsql.DBTX) error) handleCall {
@@ -318,17 +319,27 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			_, err := sqlMachine.Transition(ctx, as[idemsql.DBTX](h), 1, "PAID")
 			return err
 		}},
-		"idemsql.Lookup":         sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Lookup(ctx, db, "s", "k"); return err }),
-		"idemsql.Stuck":          sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Stuck(ctx, db, 10); return err }),
-		"idemsql.CountExpired":   sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
-		"idemsql.TableStats":     sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
-		"idemsql.Purge":          sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
-		"idemmysql.IssueToken":   myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.IssueToken(ctx, db, "s", time.Hour); return err }),
-		"idemmysql.Lookup":       myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Lookup(ctx, db, "s", "k"); return err }),
-		"idemmysql.Stuck":        myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Stuck(ctx, db, 1); return err }),
-		"idemmysql.TableStats":   myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.TableStats(ctx, db); return err }),
-		"idemmysql.CountExpired": myOps(func(db idemmysql.DBTX) error { _, _, err := idemmysql.CountExpired(ctx, db, time.Hour); return err }),
-		"idemmysql.Purge":        myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemsql.Lookup":       sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Lookup(ctx, db, "s", "k"); return err }),
+		"idemsql.Stuck":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Stuck(ctx, db, 10); return err }),
+		"idemsql.CountExpired": sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
+		"idemsql.TableStats":   sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
+		"idemsql.Purge":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemmysql.IssueToken": myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.IssueToken(ctx, db, "s", time.Hour); return err }),
+		"idemmysql.Claim": myOps(func(db idemmysql.DBTX) error {
+			_, _, err := idemmysql.Claim[int](ctx, db, key, time.Minute)
+			return err
+		}),
+		"idemmysql.Lease.Extend":     myOps(func(db idemmysql.DBTX) error { return myLease.Extend(ctx, db) }),
+		"idemmysql.Lease.KeepAlive":  myOps(func(db idemmysql.DBTX) error { _, stop := myLease.KeepAlive(ctx, db); return stop() }),
+		"idemmysql.Lease.Checkpoint": myOps(func(db idemmysql.DBTX) error { return myLease.Checkpoint(ctx, db, "p", 1) }),
+		"idemmysql.Lease.Complete":   myOps(func(db idemmysql.DBTX) error { return myLease.Complete(ctx, db, 1) }),
+		"idemmysql.Lease.Fail":       myOps(func(db idemmysql.DBTX) error { return myLease.Fail(ctx, db, errors.New("declined")) }),
+		"idemmysql.Lease.Release":    myOps(func(db idemmysql.DBTX) error { return myLease.Release(ctx, db) }),
+		"idemmysql.Lookup":           myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Lookup(ctx, db, "s", "k"); return err }),
+		"idemmysql.Stuck":            myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Stuck(ctx, db, 1); return err }),
+		"idemmysql.TableStats":       myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.TableStats(ctx, db); return err }),
+		"idemmysql.CountExpired":     myOps(func(db idemmysql.DBTX) error { _, _, err := idemmysql.CountExpired(ctx, db, time.Hour); return err }),
+		"idemmysql.Purge":            myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.Purge(ctx, db, idem.PurgeParams{}); return err }),
 		"idemmysql.Purger.DB": {[]any{(*sql.DB)(nil)}, func(h any) error {
 			return (&idemmysql.Purger{DB: h.(*sql.DB)}).Run(ctx)
 		}},

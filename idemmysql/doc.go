@@ -17,8 +17,12 @@
 // Do begins a transaction of its own on a *sql.DB; WithIdempotency works
 // inside the caller's *sql.Tx, which the caller still commits; ConsumeOnce
 // processes a queue message once per consumer inside the caller's *sql.Tx.
-// Migrate creates the tables (migrations/mysql holds the raw SQL for other
-// migration tools).
+// Claim and Lease are lease mode, for calls to the outside world;
+// IssueToken hands out server-issued keys; NewStateMachine runs guarded
+// transitions of business rows; Purge, Purger, CountExpired, Lookup, Stuck
+// and TableStats are for operators; idemhttp.MySQL serves the HTTP
+// middleware. Migrate creates the tables (migrations/mysql holds the raw
+// SQL for other migration tools).
 //
 // # What MySQL changes
 //

@@ -29,10 +29,11 @@ type mysqlErrors struct{}
 // rolled the whole transaction back, or any error idem.IsRetryable knows.
 func (mysqlErrors) Retryable(err error) bool { return dialects.Aborted(err) || idem.IsRetryable(err) }
 
-// LockTimeout: a no-wait claim met a holder.
+// LockTimeout: a claim whose wait was bounded on the server met a holder
+// (no-wait, or a lease claim's short bound).
 func (mysqlErrors) LockTimeout(err error) bool {
 	n := dialects.Number(err)
-	return n == dialects.ErLockWaitTimeout || n == dialects.ErNoWait
+	return n == dialects.ErLockWaitTimeout || n == dialects.ErNoWait || n == dialects.ErStatementTimeout
 }
 
 func (mysqlErrors) Closed(err error) (string, bool) { return sqldriver.Closed(err) }

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +29,11 @@ import (
 // The lease's other statements are guarded by the attempt number the claim
 // returned: one that matches no row means another worker took the key over
 // (ErrLeaseLost).
+
+// LeaseClaimWait bounds how long a lease claim outside the caller's
+// transaction waits for a row another transaction holds, where the dialect
+// bounds waits with a ClaimPrefix (PostgreSQL's is ClaimLockTimeout).
+const LeaseClaimWait = 100 * time.Millisecond
 
 // Lease is the state of a committed claim on a key (idem.Lease's): the key,
 // the attempt that fences out other holders, the recovery point and its
@@ -97,25 +103,43 @@ func claimLease[T any](ctx context.Context, e Errors, q Querier, key Key, lease 
 	}
 	inTx := q.InTx()
 	args := []any{key.Scope, key.ID, NonNilFingerprint(key.Fingerprint), c.TTL.Microseconds(), lease.Microseconds()}
+	var token []byte
+	if c.Q.Tokens {
+		token = NewClaimToken()
+		args = append(args, token)
+	}
+	if !inTx && c.D.ClaimPrefix != nil {
+		claimSQL = c.D.ClaimPrefix(false, LeaseClaimWait) + claimSQL
+	}
 	for range MaxClaimTries {
 		l := &Lease[T]{key: key, duration: lease, cfg: *c, e: e}
 		l.renewed.Store(int64(monoSince()))
-		var rec Record
-		claimed, found := false, false
-		stmts := make([]Stmt, 0, 3)
-		if !inTx {
+		var (
+			rec                   Record
+			claimed, found, owned bool
+			holder                []byte
+		)
+		stmts := make([]Stmt, 0, 4)
+		if !inTx && c.D.ClaimPrefix == nil {
 			// The group runs as one transaction of its own: the setting
 			// ends with it.
 			stmts = append(stmts, Stmt{SQL: c.D.ClaimLockTimeout})
 		}
-		stmts = append(stmts,
-			Stmt{SQL: claimSQL, Args: args, Dest: []any{&l.attempt, &l.point, &l.data}, Found: &claimed},
-			c.Q.ReadStmt(key, &rec, &found))
+		if c.Q.Tokens {
+			stmts = append(stmts, Stmt{SQL: claimSQL, Args: args},
+				Stmt{SQL: c.Q.LeaseRead, Args: args, Dest: []any{&holder, &l.attempt, &l.point, &l.data}, Found: &owned})
+		} else {
+			stmts = append(stmts, Stmt{SQL: claimSQL, Args: args, Dest: []any{&l.attempt, &l.point, &l.data}, Found: &claimed})
+		}
+		stmts = append(stmts, c.Q.ReadStmt(key, &rec, &found))
 		if err := q.Run(ctx, stmts...); err != nil {
 			if !inTx && e.LockTimeout(err) {
 				return nil, zero, false, ErrInProgress
 			}
 			return nil, zero, false, ClosedHandle(c.Op, err, e.Closed)
+		}
+		if c.Q.Tokens {
+			claimed = owned && bytes.Equal(holder, token)
 		}
 		if claimed {
 			return l, zero, false, nil

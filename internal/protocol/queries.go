@@ -69,6 +69,10 @@ type Queries struct {
 	Tokens       bool
 	ClaimReturns bool
 	ClaimRead    string
+	// LeaseRead, with Tokens, follows LeaseClaim and LeaseClaimIssued
+	// (whose token is $6): it returns the key's token, attempt, recovery
+	// point ('' for none) and response, under the row lock.
+	LeaseRead string
 	// Release deletes a processing record whose fn failed ($3 attempt).
 	Release string
 	// LockTable takes the lock every claim takes on the table (ROW

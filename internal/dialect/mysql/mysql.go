@@ -149,6 +149,14 @@ const now = `UTC_TIMESTAMP(6)`
 // the fencing token never restarts at 1).
 const purgeable = `expires_at <= ` + now + ` AND NOT (status = 'processing' AND locked_until IS NOT NULL)`
 
+// leaseTakeable: the record expired, is an unclaimed token, or is a
+// processing record of the same request whose lease ran out. A live lease
+// is never taken over, whatever the record's expiry says. It reads the old
+// row and the new values (VALUES).
+const leaseTakeable = `((locked_until IS NULL OR locked_until <= ` + now + `)
+	AND (expires_at <= ` + now + ` OR status = 'issued'
+		OR (status = 'processing' AND fingerprint = VALUES(fingerprint))))`
+
 // stuckLease is the condition of a lease-mode record still processing whose
 // lease ran out.
 const stuckLease = `status = 'processing' AND locked_until <= ` + now
@@ -203,6 +211,55 @@ func records(table protocol.Table, s Server) *protocol.Queries {
 	WHERE scope = $1 AND idem_key = $2 AND attempt = $5 AND ` + takeable,
 
 		Read: `SELECT ` + recordColumns + ` FROM ` + t + ` WHERE scope = $1 AND idem_key = $2 FOR UPDATE`,
+
+		// Lease mode. The claim inserts a processing record with a lease,
+		// or takes over one whose lease ran out, inside the upsert (a
+		// takeover after a read would upgrade a lock and deadlock): MySQL
+		// assigns left to right with the new values, so claim_token goes
+		// first, decided from the old row, and every later column follows
+		// from whether it now holds the call's token. A takeover of a
+		// lease on the same request keeps its checkpoint; an expired
+		// record or a token starts afresh. LeaseRead then reads the answer
+		// under the row lock.
+		LeaseClaim: `INSERT INTO ` + t + ` (scope, idem_key, fingerprint, status, attempt, claim_token, locked_until, created_at, updated_at, expires_at)
+	VALUES ($1, $2, $3, 'processing', 1, $6, ` + now + ` + INTERVAL $5 MICROSECOND, ` + now + `, ` + now + `, ` + ttl + `)
+	ON DUPLICATE KEY UPDATE
+	claim_token = IF(` + leaseTakeable + `, VALUES(claim_token), claim_token),
+	recovery_point = IF(claim_token = VALUES(claim_token), IF(status = 'processing' AND expires_at > ` + now + `, recovery_point, NULL), recovery_point),
+	response = IF(claim_token = VALUES(claim_token), IF(status = 'processing' AND expires_at > ` + now + `, response, NULL), response),
+	attempt = IF(claim_token = VALUES(claim_token), IF(status = 'issued', 1, attempt + 1), attempt),
+	status = IF(claim_token = VALUES(claim_token), 'processing', status),
+	fingerprint = IF(claim_token = VALUES(claim_token), VALUES(fingerprint), fingerprint),
+	locked_until = IF(claim_token = VALUES(claim_token), VALUES(locked_until), locked_until),
+	updated_at = IF(claim_token = VALUES(claim_token), VALUES(updated_at), updated_at),
+	expires_at = IF(claim_token = VALUES(claim_token), VALUES(expires_at), expires_at)`,
+		LeaseClaimIssued: `UPDATE ` + t + ` SET
+	recovery_point = IF(status = 'processing' AND expires_at > ` + now + `, recovery_point, NULL),
+	response = IF(status = 'processing' AND expires_at > ` + now + `, response, NULL),
+	attempt = IF(status = 'issued', 1, attempt + 1),
+	status = 'processing', fingerprint = $3, claim_token = $6,
+	locked_until = ` + now + ` + INTERVAL $5 MICROSECOND, updated_at = ` + now + `, expires_at = ` + ttl + `
+	WHERE scope = $1 AND idem_key = $2 AND status <> 'succeeded' AND status <> 'failed'
+		AND expires_at > ` + now + ` AND ` + strings.ReplaceAll(leaseTakeable, "VALUES(fingerprint)", "$3"),
+		LeaseRead: `SELECT claim_token, attempt, COALESCE(recovery_point, ''), response FROM ` + t + `
+	WHERE scope = $1 AND idem_key = $2 FOR UPDATE`,
+
+		// The record outlives its lease: expires_at never falls before
+		// locked_until, nor a finished record's before its TTL. Each
+		// statement changes the row, so its count is 1 whatever
+		// clientFoundRows says.
+		LeaseUpdate: `UPDATE ` + t + ` SET locked_until = ` + now + ` + INTERVAL $4 MICROSECOND, updated_at = ` + now + `,
+	expires_at = GREATEST(expires_at, ` + now + ` + INTERVAL $4 MICROSECOND)
+	WHERE scope = $1 AND idem_key = $2 AND status = 'processing' AND attempt = $3`,
+		LeaseCheckpoint: `UPDATE ` + t + ` SET recovery_point = $4, response = $5, updated_at = ` + now + `,
+	locked_until = ` + now + ` + INTERVAL $6 MICROSECOND,
+	expires_at = GREATEST(expires_at, ` + now + ` + INTERVAL $6 MICROSECOND)
+	WHERE scope = $1 AND idem_key = $2 AND status = 'processing' AND attempt = $3`,
+		LeaseFinish: `UPDATE ` + t + ` SET status = $4, response = $5, locked_until = NULL, recovery_point = NULL, updated_at = ` + now + `,
+	expires_at = GREATEST(expires_at, ` + now + ` + INTERVAL $6 MICROSECOND)
+	WHERE scope = $1 AND idem_key = $2 AND status = 'processing' AND attempt = $3`,
+		LeaseRelease: `UPDATE ` + t + ` SET locked_until = ` + now + ` - INTERVAL 1 MICROSECOND, updated_at = ` + now + `
+	WHERE scope = $1 AND idem_key = $2 AND status = 'processing' AND attempt = $3`,
 
 		// A token no claim holds yet: no fingerprint, attempt 0, a claim
 		// token of zeros (no claim's random one is).
