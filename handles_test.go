@@ -319,12 +319,13 @@ func handleCalls(t *testing.T) map[string]handleCall {
 			_, err := sqlMachine.Transition(ctx, as[idemsql.DBTX](h), 1, "PAID")
 			return err
 		}},
-		"idemsql.Lookup":       sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Lookup(ctx, db, "s", "k"); return err }),
-		"idemsql.Stuck":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Stuck(ctx, db, 10); return err }),
-		"idemsql.CountExpired": sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
-		"idemsql.TableStats":   sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
-		"idemsql.Purge":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
-		"idemmysql.IssueToken": myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.IssueToken(ctx, db, "s", time.Hour); return err }),
+		"idemsql.Lookup":        sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Lookup(ctx, db, "s", "k"); return err }),
+		"idemsql.Stuck":         sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Stuck(ctx, db, 10); return err }),
+		"idemsql.CountExpired":  sqlOps(func(db idemsql.DBTX) error { _, _, err := idemsql.CountExpired(ctx, db, time.Hour); return err }),
+		"idemsql.TableStats":    sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.TableStats(ctx, db); return err }),
+		"idemsql.Purge":         sqlOps(func(db idemsql.DBTX) error { _, err := idemsql.Purge(ctx, db, idem.PurgeParams{}); return err }),
+		"idemmysql.InsertOrGet": myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.InsertOrGet(ctx, db, ins, get, &dest); return err }),
+		"idemmysql.IssueToken":  myOps(func(db idemmysql.DBTX) error { _, err := idemmysql.IssueToken(ctx, db, "s", time.Hour); return err }),
 		"idemmysql.Claim": myOps(func(db idemmysql.DBTX) error {
 			_, _, err := idemmysql.Claim[int](ctx, db, key, time.Minute)
 			return err

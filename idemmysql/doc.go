@@ -16,8 +16,9 @@
 //
 // Do begins a transaction of its own on a *sql.DB; WithIdempotency works
 // inside the caller's *sql.Tx, which the caller still commits; ConsumeOnce
-// processes a queue message once per consumer inside the caller's *sql.Tx.
-// Claim and Lease are lease mode, for calls to the outside world;
+// processes a queue message once per consumer inside the caller's *sql.Tx;
+// InsertOrGet creates a row once per business key (the existing row for a
+// duplicate sign-up). Claim and Lease are lease mode, for calls to the outside world;
 // IssueToken hands out server-issued keys; NewStateMachine runs guarded
 // transitions of business rows; Purge, Purger, CountExpired, Lookup, Stuck
 // and TableStats are for operators; idemhttp.MySQL serves the HTTP

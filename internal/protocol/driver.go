@@ -34,6 +34,10 @@ type Stmt struct {
 	// OnlyIf to skip it). A driver that sends the group at once cannot, and
 	// fails the group: only dialects of such drivers' databases use it.
 	Lazy func(st *Stmt)
+	// Raw marks a statement of the caller's (InsertOrGet's insert and
+	// lookup): the driver runs its SQL and arguments as written, never
+	// rewritten for the database's placeholders, and never prepares it.
+	Raw bool
 }
 
 // Exec runs groups of statements in one transaction.

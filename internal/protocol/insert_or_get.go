@@ -28,14 +28,21 @@ const spCreate = "idem_create"
 // committed after the transaction's snapshot. It carries SQLSTATE 40001, so
 // that the transaction is retried as for any serialization failure. The pgx
 // front turns it into a *pgconn.PgError.
-type SnapshotError struct{}
+type SnapshotError struct {
+	// Msg, when set, replaces SnapshotMessage.
+	Msg string
+}
 
 // SnapshotMessage is SnapshotError's message.
 const SnapshotMessage = "idem: InsertOrGetTx: the existing row was committed after this transaction's snapshot; retry the transaction"
 
 // Error says what happened, with the SQLSTATE.
-func (*SnapshotError) Error() string {
-	return SnapshotMessage + " (SQLSTATE " + serializationFailure + ")"
+func (e *SnapshotError) Error() string {
+	msg := SnapshotMessage
+	if e.Msg != "" {
+		msg = e.Msg
+	}
+	return msg + " (SQLSTATE " + serializationFailure + ")"
 }
 
 // SQLState returns 40001.
@@ -65,13 +72,13 @@ func InsertOrGet(ctx context.Context, e Errors, db Querier, insert, lookup Query
 	dest = destOf(dest)
 	for range MaxClaimTries {
 		var found bool
-		if err := db.Run(ctx, Stmt{SQL: insert.SQL, Args: insert.Args, Dest: dest, Found: &found}); err != nil {
+		if err := db.Run(ctx, Stmt{SQL: insert.SQL, Args: insert.Args, Dest: dest, Found: &found, Raw: true}); err != nil {
 			return false, ClosedHandle("InsertOrGet", err, e.Closed)
 		}
 		if found {
 			return true, nil
 		}
-		if err := db.Run(ctx, Stmt{SQL: lookup.SQL, Args: lookup.Args, Dest: dest, Found: &found}); err != nil {
+		if err := db.Run(ctx, Stmt{SQL: lookup.SQL, Args: lookup.Args, Dest: dest, Found: &found, Raw: true}); err != nil {
 			return false, err
 		}
 		if found {
@@ -97,7 +104,7 @@ func InsertOrGetTx(ctx context.Context, d *Dialect, e Errors, tx Exec, gone func
 			Stmt{SQL: "SAVEPOINT " + spCreate},
 			// A row scanned into dest; none means that insert had an ON
 			// CONFLICT DO NOTHING of its own.
-			Stmt{SQL: insert.SQL, Args: insert.Args, Dest: dest, Found: &inserted})
+			Stmt{SQL: insert.SQL, Args: insert.Args, Dest: dest, Found: &inserted, Raw: true})
 		if err == nil && inserted {
 			// Released only now, so that a failed scan is rolled back too.
 			if err := tx.Run(ctx, Stmt{SQL: "RELEASE SAVEPOINT " + spCreate}); err != nil {
@@ -123,7 +130,7 @@ func InsertOrGetTx(ctx context.Context, d *Dialect, e Errors, tx Exec, gone func
 			return false, err
 		}
 		var found bool
-		if err := tx.Run(ctx, Stmt{SQL: lookup.SQL, Args: lookup.Args, Dest: dest, Found: &found}); err != nil {
+		if err := tx.Run(ctx, Stmt{SQL: lookup.SQL, Args: lookup.Args, Dest: dest, Found: &found, Raw: true}); err != nil {
 			return false, err
 		}
 		if found {
@@ -140,4 +147,60 @@ func InsertOrGetTx(ctx context.Context, d *Dialect, e Errors, tx Exec, gone func
 		}
 	}
 	return false, errors.New("idem: InsertOrGetTx: the row kept vanishing between the insert and the lookup")
+}
+
+// PlainSnapshotMessage is InsertOrGetPlain's SnapshotError message.
+const PlainSnapshotMessage = "idem: InsertOrGet: the existing row is not visible to this transaction's snapshot; read it with a locking lookup (LOCK IN SHARE MODE), or retry the transaction"
+
+// InsertOrGetPlain creates a row once per business key on a database where
+// a failed statement is rolled back alone and the transaction goes on
+// (InnoDB): insert is a plain INSERT, with RETURNING of the lookup's
+// columns where the server has it, and a unique violation of it (the
+// dialect's Unique) means the row exists, so lookup reads it. No savepoint
+// is needed, so it serves a pool, a connection and a transaction alike.
+// An insert that returned no row (no RETURNING) created the row: lookup
+// reads it. In the caller's transaction, a conflict whose row lookup cannot
+// see twice in a row is a *SnapshotError: under REPEATABLE READ a plain
+// SELECT reads the snapshot, which predates the row; a locking lookup
+// reads the latest commit. On a pool each statement is a transaction of
+// its own, and a row that vanished sends the call around again.
+func InsertOrGetPlain(ctx context.Context, d *Dialect, e Errors, db Querier, insert, lookup Query, dest []any) (created bool, err error) {
+	dest = destOf(dest)
+	read := func() (bool, error) {
+		var found bool
+		err := db.Run(ctx, Stmt{SQL: lookup.SQL, Args: lookup.Args, Dest: dest, Found: &found, Raw: true})
+		return found, err
+	}
+	missed := false
+	for range MaxClaimTries {
+		var returned bool
+		err := db.Run(ctx, Stmt{SQL: insert.SQL, Args: insert.Args, Dest: dest, Found: &returned, Raw: true})
+		if err == nil {
+			if returned {
+				return true, nil
+			}
+			found, err := read()
+			if err == nil && !found {
+				err = errors.New("idem: InsertOrGet: the row was created, and deleted before the lookup could read it")
+			}
+			return true, err
+		}
+		if !d.Unique(err) {
+			return false, ClosedHandle("InsertOrGet", err, e.Closed)
+		}
+		found, err := read()
+		if err != nil {
+			return false, err
+		}
+		if found {
+			return false, nil
+		}
+		if db.InTx() {
+			if missed {
+				return false, &SnapshotError{Msg: PlainSnapshotMessage}
+			}
+			missed = true
+		}
+	}
+	return false, errors.New("idem: InsertOrGet: the row kept vanishing between the insert and the lookup")
 }

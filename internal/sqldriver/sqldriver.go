@@ -154,7 +154,7 @@ func (f *Flavor) run(ctx context.Context, q Querier, stmts []protocol.Stmt) erro
 
 func (f *Flavor) runOne(ctx context.Context, q Querier, st *protocol.Stmt) error {
 	query, args := st.SQL, st.Args
-	if f.Bind != nil {
+	if f.Bind != nil && !st.Raw {
 		query, args = f.Bind(query, args)
 	}
 	if st.Each != nil {
@@ -249,7 +249,7 @@ func (t *Tx) runPrepared(ctx context.Context, stmts []protocol.Stmt) error {
 			continue
 		}
 		var q Querier = t.tx
-		if len(st.Args) > 0 {
+		if len(st.Args) > 0 && !st.Raw {
 			query := st.SQL
 			if t.f.Bind != nil {
 				query, _ = t.f.Bind(query, nil)
