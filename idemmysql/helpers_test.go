@@ -48,7 +48,11 @@ func openDB(t *testing.T, params ...string) *sql.DB {
 		require.NoError(t, err)
 	})
 	cfg.DBName = name
-	cfg.Params = map[string]string{}
+	// The DSN's own session variables stay (the isolation matrix sets
+	// tx_isolation there); params add to them.
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
 	for _, p := range params {
 		k, v, _ := strings.Cut(p, "=")
 		cfg.Params[k] = v

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,10 +66,11 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		ctx := context.Background()
 		key := idem.Key{Scope: "pay", ID: "order-1"}
 		var runs atomic.Int32
+		const callers = 200
 		var wg sync.WaitGroup
-		results := make([]int, 100)
-		errs := make([]error, 100)
-		for i := range 100 {
+		results := make([]int, callers)
+		errs := make([]error, callers)
+		for i := range callers {
 			wg.Go(func() {
 				res, err := idemmysql.Do(ctx, db, key, func(ctx context.Context, tx *sql.Tx) (int, error) {
 					n := int(runs.Add(1))
@@ -78,7 +80,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		for i := range 100 {
+		for i := range callers {
 			require.NoError(t, errs[i])
 			require.Equal(t, results[0], results[i])
 		}
@@ -574,4 +576,75 @@ func TestSnapshotIsolationConflict(t *testing.T) {
 	_ = tx.Commit() // database/sql does not know: it must commit nothing
 	require.Zero(t, effects(t, db, "mine"))
 	require.Equal(t, 1, effects(t, db, key.ID))
+}
+
+// A storm on one key in the callers' own transactions, each of which read
+// the record table first (under REPEATABLE READ its snapshot predates the
+// winner's commit): one effect, every caller the same answer. A caller
+// whose transaction the server ended (a retryable error) runs it again, as
+// a client must.
+func TestConcurrentDuplicatesInCallersTransactions(t *testing.T) {
+	db := openDB(t)
+	ctx := context.Background()
+	key := idem.Key{Scope: "pay", ID: "order-tx"}
+	const callers = 200
+	var runs, retries atomic.Int32
+	var wg sync.WaitGroup
+	results := make([]int, callers)
+	errs := make([]error, callers)
+	start := make(chan struct{})
+	attempt := func() (int, error) {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Rollback()
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM idempotent_record`).Scan(&n); err != nil {
+			return 0, err
+		}
+		<-start
+		res, err := idemmysql.WithIdempotency(ctx, tx, key, func(ctx context.Context, tx *sql.Tx) (int, error) {
+			n := int(runs.Add(1))
+			return n, insertEffect(ctx, tx, key.ID, n)
+		})
+		if err != nil {
+			return 0, err
+		}
+		return res.Value, tx.Commit()
+	}
+	for i := range callers {
+		wg.Go(func() {
+			for range 10 {
+				results[i], errs[i] = attempt()
+				if !idem.IsRetryable(errs[i]) {
+					return
+				}
+				retries.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range callers {
+		require.NoError(t, errs[i], "caller %d", i)
+		require.Equal(t, results[0], results[i])
+	}
+	require.Equal(t, 1, effects(t, db, key.ID))
+	t.Logf("%d callers, transactions the server ended and the callers retried: %d", callers, retries.Load())
+}
+
+// The isolation matrix runs this suite with the DSN's tx_isolation set to
+// each level; IDEM_EXPECT_MYSQL_ISOLATION names the one the sessions must
+// have (e.g. READ-COMMITTED), so that a matrix run cannot pass at the
+// server's default by mistake.
+func TestSessionIsolation(t *testing.T) {
+	want := os.Getenv("IDEM_EXPECT_MYSQL_ISOLATION")
+	if want == "" {
+		t.Skip("IDEM_EXPECT_MYSQL_ISOLATION is not set")
+	}
+	db := openDB(t)
+	var got string
+	require.NoError(t, db.QueryRow(`SELECT @@SESSION.tx_isolation`).Scan(&got))
+	require.Equal(t, want, got)
 }
