@@ -122,3 +122,12 @@ func deadlocks(t *testing.T, db *sql.DB) int {
 	require.NoError(t, db.QueryRow(`SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'`).Scan(&name, &n))
 	return n
 }
+
+// dsnOf is TEST_MYSQL_DSN with database name (openDB's test has one).
+func dsnOf(t *testing.T, name string) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(os.Getenv(mysqlEnv))
+	require.NoError(t, err)
+	cfg.DBName = name
+	return cfg.FormatDSN()
+}
