@@ -16,13 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/ident"
-	"github.com/idemkit/idem/migrations"
 )
 
 const usage = `idem operates the record table of github.com/idemkit/idem.
@@ -44,9 +38,21 @@ Commands:
 
 Flags every command but version takes:
   --database-url URL   where to connect; else DATABASE_URL, else the PG* variables
-  --schema NAME        the record table's schema (default: the search_path)
+  --schema NAME        the record table's schema, on MySQL its database
+                       (default: the search_path; on MySQL the URL's database)
   --table NAME         the record table (default idempotent_record)
   --json               print JSON instead of text (version takes it too)
+
+Databases:
+  PostgreSQL           postgres://user:pass@host:5432/db?sslmode=disable, a
+                       libpq keyword/value string, or the PG* variables
+  MySQL, MariaDB       mysql://user:pass@host:3306/db?param=value (or mariadb://;
+                       user and password percent-encoded, the parameters those
+                       of a go-sql-driver DSN), or a go-sql-driver DSN with its
+                       network written out: user:pass@tcp(host:3306)/db?params
+                       or user@unix(/run/mysqld/mysqld.sock)/db
+  On MySQL, migrate runs in the database of --schema, else of the URL, and
+  creates only the tables idempotent_record and idem_inbox (no --table).
 
 Run 'idem <command> --help' for a command's own flags.
 `
@@ -69,8 +75,10 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.url, "database-url", "", "PostgreSQL connection `URL` (default $DATABASE_URL, then the PG* variables)")
-	fs.StringVar(&c.schema, "schema", "", "the schema `NAME` of the record and inbox tables (default: the search_path)")
+	fs.StringVar(&c.url, "database-url", "", "connection `URL`: postgres://..., mysql://user:pass@host:3306/db, "+
+		"or a go-sql-driver DSN user:pass@tcp(host:3306)/db (default $DATABASE_URL, then the PG* variables)")
+	fs.StringVar(&c.schema, "schema", "", "the schema `NAME` of the record and inbox tables, on MySQL their database "+
+		"(default: the search_path; on MySQL the URL's database)")
 	fs.StringVar(&c.table, "table", idem.DefaultTable, "the record table's `NAME`")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 }
@@ -102,35 +110,6 @@ func (c *common) qualified(table string) string {
 // options are the idem options naming the tables.
 func (c *common) options() []idem.TableOption {
 	return []idem.TableOption{idem.WithTable(c.schema, c.table), idem.WithInboxTable(c.schema, idem.DefaultInboxTable)}
-}
-
-func (c *common) connect(ctx context.Context, getenv env) (*pgxpool.Pool, error) {
-	if err := ident.ValidateTable(c.schema, c.table); err != nil {
-		return nil, usageError{fmt.Sprintf("--schema/--table: %v: %v", idem.ErrInvalidOption, err)}
-	}
-	url := c.url
-	if url == "" {
-		url = getenv("DATABASE_URL")
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("reading the connection settings: %w", err)
-	}
-	cfg.MaxConns = 2
-	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
-	cfg.ConnConfig.RuntimeParams["application_name"] = "idem-cli"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		where := fmt.Sprintf("%s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
-		return nil, fmt.Errorf("connecting to %s: %w\n(set --database-url, DATABASE_URL or the PG* variables)", where, err)
-	}
-	return pool, nil
 }
 
 // command is one subcommand.
@@ -197,39 +176,13 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, getenv env) 
 // missingTableError is a command that met a table of idem's that does not
 // exist.
 type missingTableError struct {
-	table, flags string
+	// table names the table; remedy says how to create it.
+	table, remedy string
 }
 
 func (e *missingTableError) Error() string {
-	return fmt.Sprintf("table %s does not exist: run 'idem migrate up%s' to create it, or name the table with --schema and --table",
-		e.table, e.flags)
+	return fmt.Sprintf("table %s does not exist: %s, or name the table with --schema and --table", e.table, e.remedy)
 }
-
-// explain returns err, or, when err is a statement's on a table that does
-// not exist (SQLSTATE 42P01), a missingTableError naming the table: the
-// record table, or else the inbox, whichever is missing.
-func (c *common) explain(ctx context.Context, pool *pgxpool.Pool, err error) error {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != undefinedTable {
-		return err
-	}
-	missing := c.target()
-	records := pgx.Identifier{c.schema, c.table}
-	if c.schema == "" {
-		records = records[1:]
-	}
-	var recordsExist bool
-	if pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, records.Sanitize()).Scan(&recordsExist) == nil && recordsExist {
-		missing = c.qualified(idem.DefaultInboxTable)
-	}
-	if c.schema == "" {
-		missing += " (in the search_path)"
-	}
-	return &missingTableError{table: missing, flags: c.tableFlags()}
-}
-
-// undefinedTable is SQLSTATE 42P01.
-const undefinedTable = "42P01"
 
 func printJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)
@@ -265,24 +218,23 @@ func runMigrate(ctx context.Context, args []string, out, _ io.Writer, getenv env
 	if action == "force" && !*yes {
 		return usageError{"'migrate force' records a version without running any migration; add --yes to confirm"}
 	}
-	pool, err := c.connect(ctx, getenv)
+	db, err := c.connect(ctx, getenv, true)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	opts := []migrations.Option{migrations.WithTable(c.schema, c.table)}
-	// Version only reads: on a schema never migrated it creates nothing.
-	before, beforeDirty, err := migrations.Version(ctx, pool, opts...)
+	defer db.close()
+	// version only reads: on a schema never migrated it creates nothing.
+	before, beforeDirty, err := db.version(ctx)
 	if err != nil {
 		return err
 	}
 	switch action {
 	case "up":
-		err = migrations.Up(ctx, pool, opts...)
+		err = db.up(ctx)
 	case "down":
-		err = migrations.Down(ctx, pool, opts...)
+		err = db.down(ctx)
 	case "force":
-		err = migrations.Force(ctx, pool, force, opts...)
+		err = db.force(ctx, force)
 	}
 	if errors.Is(err, idem.ErrInvalidOption) {
 		return usageError{err.Error()}
@@ -290,7 +242,7 @@ func runMigrate(ctx context.Context, args []string, out, _ io.Writer, getenv env
 	if err != nil {
 		return err
 	}
-	version, dirty, err := migrations.Version(ctx, pool, opts...)
+	version, dirty, err := db.version(ctx)
 	if err != nil {
 		return err
 	}
@@ -350,17 +302,17 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if !slices.Contains([]string{"auto", "always", "never"}, *progress) {
 		return usageError{"--progress must be auto, always or never"}
 	}
-	pool, err := c.connect(ctx, getenv)
+	db, err := c.connect(ctx, getenv, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer db.close()
 	showBar := *progress == "always" || (*progress == "auto" && isTerminal(errOut))
 	var expired, inboxRows int64
 	if *dryRun || showBar {
 		// Through the expires_at index: no full scan.
-		if expired, inboxRows, err = idem.CountExpired(ctx, pool, inbox, c.options()...); err != nil {
-			return c.explain(ctx, pool, err)
+		if expired, inboxRows, err = db.countExpired(ctx, inbox); err != nil {
+			return db.explain(ctx, err)
 		}
 	}
 	if *dryRun {
@@ -380,8 +332,8 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	start := time.Now()
 	var records int64
 	onRecords := func(n int64) { records += n; bar.add(n) }
-	deleted, err := idem.Purge(ctx, pool, idem.PurgeParams{BatchSize: *batch, InboxRetention: inbox, RowsPerSecond: *rate,
-		OnBatch: onRecords, OnInboxBatch: bar.add}, c.options()...)
+	deleted, err := db.purge(ctx, idem.PurgeParams{BatchSize: *batch, InboxRetention: inbox, RowsPerSecond: *rate,
+		OnBatch: onRecords, OnInboxBatch: bar.add})
 	elapsed := time.Since(start)
 	// Interrupted (Ctrl-C, SIGTERM), the purge reports what it did: the
 	// rows it deleted stay deleted.
@@ -391,7 +343,7 @@ func runPurge(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	}
 	bar.done()
 	if err != nil && !interrupted {
-		if err = c.explain(ctx, pool, err); deleted == 0 {
+		if err = db.explain(ctx, err); deleted == 0 {
 			return err
 		}
 		return fmt.Errorf("%w (%s deleted before it)", err, count(deleted, "row"))
@@ -451,17 +403,17 @@ func runInspect(ctx context.Context, args []string, out, _ io.Writer, getenv env
 	if *scope == "" || *key == "" {
 		return usageError{"--scope and --key are required"}
 	}
-	pool, err := c.connect(ctx, getenv)
+	db, err := c.connect(ctx, getenv, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	r, err := idem.Lookup(ctx, pool, *scope, *key, c.options()...)
+	defer db.close()
+	r, err := db.lookup(ctx, *scope, *key)
 	if errors.Is(err, idem.ErrNotFound) {
 		return fmt.Errorf("no record for scope %q, key %q (never claimed, purged, or its claim not committed yet)", *scope, *key)
 	}
 	if err != nil {
-		return c.explain(ctx, pool, err)
+		return db.explain(ctx, err)
 	}
 	if c.json {
 		return printJSON(out, jsonRecord(r))
@@ -535,14 +487,14 @@ func runStuck(ctx context.Context, args []string, out, _ io.Writer, getenv env) 
 	if *limit <= 0 {
 		return usageError{"--limit must be positive"}
 	}
-	pool, err := c.connect(ctx, getenv)
+	db, err := c.connect(ctx, getenv, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	recs, err := idem.Stuck(ctx, pool, *limit, c.options()...)
+	defer db.close()
+	recs, err := db.stuck(ctx, *limit)
 	if err != nil {
-		return c.explain(ctx, pool, err)
+		return db.explain(ctx, err)
 	}
 	if c.json {
 		list := make([]recordJSON, 0, len(recs))
@@ -588,14 +540,14 @@ func runStats(ctx context.Context, args []string, out, _ io.Writer, getenv env) 
 	if len(pos) > 0 {
 		return usageError{fmt.Sprintf("unexpected argument %q", pos[0])}
 	}
-	pool, err := c.connect(ctx, getenv)
+	db, err := c.connect(ctx, getenv, false)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	st, err := idem.TableStats(ctx, pool, c.options()...)
+	defer db.close()
+	st, err := db.stats(ctx)
 	if err != nil {
-		return c.explain(ctx, pool, err)
+		return db.explain(ctx, err)
 	}
 	if c.json {
 		// Every status, 0 included, so that the fields never vary.

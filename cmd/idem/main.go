@@ -15,8 +15,14 @@
 // works from anywhere. 'idem version' prints the version and the commit the
 // build recorded.
 //
-// It connects with --database-url, else DATABASE_URL, else the libpq PG*
-// variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, ...).
+// It works on PostgreSQL and on MySQL 8 or MariaDB. It connects with
+// --database-url, else DATABASE_URL, else the libpq PG* variables (PGHOST,
+// PGPORT, PGUSER, PGDATABASE, PGPASSWORD, ...). A postgres:// URL or a libpq
+// keyword/value string is PostgreSQL; a mysql:// or mariadb:// URL
+// (mysql://user:pass@host:3306/db?param=value, the parameters those of a
+// go-sql-driver DSN), or a go-sql-driver DSN with its network written out
+// (user:pass@tcp(host:3306)/db), is MySQL. On MySQL --schema names the
+// tables' database.
 package main
 
 import (
