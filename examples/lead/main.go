@@ -6,7 +6,10 @@
 // server (idemhttp.Middleware) stores exactly one lead per key and answers
 // repeats with the first result.
 //
-//	go run ./examples/lead            # then open the URL it prints
+//	DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' go run ./examples/lead
+//	DATABASE_URL='mysql://root@127.0.0.1:3306/test' go run ./examples/lead
+//
+// and open the URL it prints.
 //
 // The page checks the form before sending, shows every request it sends,
 // with its key, its status and its Idempotent-Replayed header, and has two
@@ -15,9 +18,16 @@
 // other keeps the page offline for a few seconds. Either way the page
 // resends with the same key, and the answer comes from the record.
 //
-// It connects with DATABASE_URL (and says what to set when it is unset) and
-// keeps its tables and idem's in the schema lead_example, created if missing
-// (DROP SCHEMA lead_example CASCADE removes them).
+// It connects with DATABASE_URL (and says what to set when it is unset),
+// whose scheme picks the driver: pgx for postgres://, database/sql with
+// go-sql-driver/mysql for mysql:// (MySQL 8 or MariaDB, idemhttp.MySQL).
+// It keeps its tables and idem's in the schema lead_example on PostgreSQL,
+// in the database lead_example on MySQL, created if missing (DROP SCHEMA
+// lead_example CASCADE, or DROP DATABASE lead_example, removes them).
+//
+// The handlers are written once; the SQL that differs between the two
+// databases is behind the store interface, in store_postgres.go and
+// store_mysql.go.
 package main
 
 import (
@@ -38,15 +48,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/internal/exampledb"
 	"github.com/idemkit/idem/examples/internal/pagekit"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/migrations"
 )
 
+// schema holds the example's tables and idem's: a schema on PostgreSQL, a
+// database on MySQL.
 const schema = "lead_example"
 
 //go:embed static
@@ -57,27 +65,27 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *addr, os.Getenv("DATABASE_URL"), os.Stdout); err != nil {
+	if err := run(ctx, *addr, os.Getenv("DATABASE_URL"), schema, os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// run serves the example on addr until ctx is done. It binds addr before it
-// touches the database, so that a start that cannot serve (the port is
-// taken) fails without changing anything, and says where to go only once
-// the address is bound.
-func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
+// run serves the example on addr until ctx is done, with its tables under
+// name. It binds addr before it touches the database, so that a start that
+// cannot serve (the port is taken) fails without changing anything, and
+// says where to go only once the address is bound.
+func run(ctx context.Context, addr, databaseURL, name string, out io.Writer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
-	pool, err := connect(ctx, databaseURL)
+	db, err := connect(ctx, databaseURL, name)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	h, err := newHandler(ctx, pool)
+	defer db.Close()
+	h, err := newHandler(ctx, storeOf(db, name))
 	if err != nil {
 		return err
 	}
@@ -93,36 +101,46 @@ func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
 	})
 	defer stopServing()
 	fmt.Fprintf(out, "lead form example: listening on http://%s/\n", ln.Addr())
-	fmt.Fprintln(out, exampledb.Where(pool, schema))
+	fmt.Fprintln(out, db.Where())
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return <-shutdown
 }
 
-func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	return exampledb.Connect(ctx, url, schema)
+func connect(ctx context.Context, url, name string) (*exampledb.DB, error) {
+	return exampledb.Open(ctx, url, name, exampledb.Options{})
 }
 
-func newHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
-	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
+// store is the lead form's SQL, one implementation per database: pgStore
+// (PostgreSQL through pgx) and mysqlStore (MySQL and MariaDB through
+// database/sql).
+type store interface {
+	// setUp applies idem's migrations and creates the leads table if it
+	// is missing.
+	setUp(ctx context.Context) error
+	// middleware is idem's HTTP middleware on this database.
+	middleware(cfg idemhttp.Config) (func(http.Handler) http.Handler, error)
+	// insertLead stores a lead in the request's transaction, which it
+	// finds in ctx, and returns its ID.
+	insertLead(ctx context.Context, name, email, message, key string) (int64, error)
+	// countLeads counts the leads stored under key.
+	countLeads(ctx context.Context, key string) (int, error)
+}
+
+// storeOf is the store of db, with the tables under name.
+func storeOf(db *exampledb.DB, name string) store {
+	if db.SQL != nil {
+		return mysqlStore{db: db.SQL}
+	}
+	return pgStore{pool: db.Pool, schema: name}
+}
+
+func newHandler(ctx context.Context, st store) (http.Handler, error) {
+	if err := st.setUp(ctx); err != nil {
 		return nil, err
 	}
-	// No unique constraint: the key alone keeps a lead from being stored
-	// twice, and a duplicate would show. The key is stored with the lead
-	// only so that the page can count a submission's rows; idem does not
-	// need it.
-	if _, err := pool.Exec(ctx, `
-		CREATE TABLE IF NOT EXISTS leads (
-			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-			name text NOT NULL, email text NOT NULL, message text NOT NULL,
-			idempotency_key text,
-			created_at timestamptz NOT NULL DEFAULT now());
-		-- An earlier version of this example made leads without it.
-		ALTER TABLE leads ADD COLUMN IF NOT EXISTS idempotency_key text`); err != nil {
-		return nil, err
-	}
-	mw, err := idemhttp.Middleware(pool, idemhttp.Config{
+	mw, err := st.middleware(idemhttp.Config{
 		// The form is public: every visitor's key lives in one scope, and
 		// keys are random UUIDs made by the page.
 		Scope: func(*http.Request) (string, error) { return "lead-form", nil },
@@ -134,8 +152,8 @@ func newHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
 	sub, _ := fs.Sub(static, "static")
 	mux.Handle("GET /", http.FileServerFS(sub))
 	mux.Handle("GET "+pagekit.Prefix, pagekit.Handler()) // the stylesheet and panel.js, shared with the other page
-	mux.Handle("POST /api/leads", pagekit.DropResponses(mw(http.HandlerFunc(saveLead))))
-	mux.Handle("GET /api/leads/count", countLeads(pool))
+	mux.Handle("POST /api/leads", pagekit.DropResponses(mw(saveLead(st))))
+	mux.Handle("GET /api/leads/count", countLeads(st))
 	return mux, nil
 }
 
@@ -153,38 +171,37 @@ var emailPattern = regexp.MustCompile(`^[^\s@]+@[^\s@]+\.[^\s@]+$`)
 // saveLead stores the lead in the request's transaction; the middleware
 // records the answer with it. The page checks the form first; the server
 // checks again, since a request need not come from the page.
-func saveLead(w http.ResponseWriter, r *http.Request) {
-	var lead struct {
-		Name, Email, Message string
+func saveLead(st store) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var lead struct {
+			Name, Email, Message string
+		}
+		if err := json.NewDecoder(r.Body).Decode(&lead); err != nil {
+			pagekit.Problem(w, http.StatusBadRequest, "bad-request", "Send the form as JSON: name, email, message.")
+			return
+		}
+		lead.Name, lead.Email = strings.TrimSpace(lead.Name), strings.TrimSpace(lead.Email)
+		if lead.Name == "" || !emailPattern.MatchString(lead.Email) {
+			pagekit.Problem(w, http.StatusUnprocessableEntity, "invalid-lead", "Please give your name and a valid e-mail address.")
+			return
+		}
+		key, _ := idemhttp.ParseKey(r.Header) // the middleware checked it
+		id, err := st.insertLead(r.Context(), lead.Name, lead.Email, lead.Message, key)
+		if err != nil {
+			internalError(w, r, err)
+			return
+		}
+		pagekit.JSON(w, http.StatusCreated, map[string]any{"ok": true, "leadId": id, "message": fmt.Sprintf("Thank you, %s! We will be in touch.", lead.Name)})
 	}
-	if err := json.NewDecoder(r.Body).Decode(&lead); err != nil {
-		pagekit.Problem(w, http.StatusBadRequest, "bad-request", "Send the form as JSON: name, email, message.")
-		return
-	}
-	lead.Name, lead.Email = strings.TrimSpace(lead.Name), strings.TrimSpace(lead.Email)
-	if lead.Name == "" || !emailPattern.MatchString(lead.Email) {
-		pagekit.Problem(w, http.StatusUnprocessableEntity, "invalid-lead", "Please give your name and a valid e-mail address.")
-		return
-	}
-	key, _ := idemhttp.ParseKey(r.Header) // the middleware checked it
-	var id int64
-	if err := idemhttp.Tx(r.Context()).QueryRow(r.Context(),
-		`INSERT INTO leads (name, email, message, idempotency_key) VALUES ($1, $2, $3, $4) RETURNING id`,
-		lead.Name, lead.Email, lead.Message, key).Scan(&id); err != nil {
-		internalError(w, r, err)
-		return
-	}
-	pagekit.JSON(w, http.StatusCreated, map[string]any{"ok": true, "leadId": id, "message": fmt.Sprintf("Thank you, %s! We will be in touch.", lead.Name)})
 }
 
 // countLeads counts the leads stored under one key: the number the page
 // shows to prove that resends added none. Only the holder of the random key
 // can ask.
-func countLeads(pool *pgxpool.Pool) http.HandlerFunc {
+func countLeads(st store) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key := r.URL.Query().Get("key")
-		var n int
-		if err := pool.QueryRow(r.Context(), `SELECT count(*) FROM leads WHERE idempotency_key = $1`, key).Scan(&n); err != nil {
+		n, err := st.countLeads(r.Context(), r.URL.Query().Get("key"))
+		if err != nil {
 			internalError(w, r, err)
 			return
 		}

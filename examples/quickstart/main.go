@@ -1,17 +1,26 @@
 // Command quickstart replays the launch of a popular activity sign-up against
-// a real PostgreSQL: 500 users send about 2,000 submissions in a burst (double
-// clicks, responses lost on the way back and retried with the same key, late
-// resubmits from a reloaded page), and every sign-up goes through
-// idem.WithIdempotency into a table that has no unique constraint. It prints
-// what happened and checks that the table holds exactly one row per user.
+// a real database, PostgreSQL or MySQL/MariaDB: 500 users send about 2,000
+// submissions in a burst (double clicks, responses lost on the way back and
+// retried with the same key, late resubmits from a reloaded page), and every
+// sign-up goes through idem's WithIdempotency into a table that has no
+// unique constraint. It prints what happened and checks that the table
+// holds exactly one row per user.
 //
 //	DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' go run ./examples/quickstart
+//	DATABASE_URL='mysql://root@127.0.0.1:3306/test' go run ./examples/quickstart
 //
 // It connects with DATABASE_URL (and says what to set when it is unset),
-// keeps its table and idem's in the schema quickstart_example, created if
-// missing, applies idem's migrations there, and can be run again and again:
-// each run opens a new activity. DROP SCHEMA quickstart_example CASCADE
-// removes all it made.
+// whose scheme picks the driver: pgx and idem.WithIdempotency for
+// postgres://, database/sql with go-sql-driver/mysql and
+// idemmysql.WithIdempotency for mysql://. It keeps its table and idem's
+// apart, in the schema quickstart_example on PostgreSQL, in the database
+// quickstart_example on MySQL, created if missing, applies idem's
+// migrations there, and can be run again and again: each run opens a new
+// activity. DROP SCHEMA quickstart_example CASCADE (PostgreSQL) or DROP
+// DATABASE quickstart_example (MySQL) removes all it made.
+//
+// The sign-up itself is written once (server.submit); the SQL that differs
+// between the two databases is in store_postgres.go and store_mysql.go.
 package main
 
 import (
@@ -27,22 +36,19 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/internal/exampledb"
-	"github.com/idemkit/idem/migrations"
 )
 
-// schema holds the quickstart's table and idem's: the pool's search_path is
-// set to it, so the unqualified names below resolve there.
+// schema holds the quickstart's table and idem's: the schema of that name
+// on PostgreSQL (the pool's search_path is set to it, so the unqualified
+// names resolve there), the database of that name on MySQL.
 const schema = "quickstart_example"
 
 func main() {
 	users := flag.Int("users", 500, "users signing up")
 	flag.Parse()
-	if err := run(context.Background(), *users, os.Getenv("DATABASE_URL"), os.Stdout); err != nil {
+	if err := run(context.Background(), *users, os.Getenv("DATABASE_URL"), schema, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
@@ -55,9 +61,28 @@ type receipt struct {
 	Message  string `json:"message"`
 }
 
+// store is the quickstart's SQL, one implementation per database:
+// pgStore (PostgreSQL through pgx) and mysqlStore (MySQL and MariaDB
+// through database/sql).
+type store interface {
+	// setUp applies idem's migrations, creates the sign-up table if it is
+	// missing and returns the next activity's ID.
+	setUp(ctx context.Context) (activityID int64, err error)
+	// signUp writes userID's sign-up to activityID at most once per key,
+	// in a transaction of its own, with idem's WithIdempotency and
+	// idem.NoWait (a duplicate in flight is idem.ErrInProgress), and
+	// returns the receipt or its replay.
+	signUp(ctx context.Context, key idem.Key, activityID, userID int64) (idem.Result[receipt], error)
+	// count counts the activity's rows and distinct users.
+	count(ctx context.Context, activityID int64) (rows, users int, err error)
+}
+
+// signedUp is the receipt of a sign-up that wrote the row id.
+func signedUp(id int64) receipt { return receipt{SignupID: id, Message: "signed up"} }
+
 // server is the sign-up backend.
 type server struct {
-	pool       *pgxpool.Pool
+	store      store
 	activityID int64
 
 	requests, executions, replays, inProgress atomic.Int64
@@ -71,26 +96,13 @@ var errBusy = errors.New("409 in progress")
 // when the form opened.
 func (s *server) submit(ctx context.Context, userID int64, formKey string) (receipt, error) {
 	s.requests.Add(1)
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return receipt{}, err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
 	key := idem.Key{Scope: fmt.Sprintf("user:%d", userID), ID: formKey}
-	res, err := idem.WithIdempotency(ctx, tx, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
-		var id int64
-		err := tx.QueryRow(ctx, `INSERT INTO quickstart_signups (activity_id, user_id) VALUES ($1, $2) RETURNING id`,
-			s.activityID, userID).Scan(&id)
-		return receipt{SignupID: id, Message: "signed up"}, err
-	}, idem.NoWait())
+	res, err := s.store.signUp(ctx, key, s.activityID, userID)
 	if errors.Is(err, idem.ErrInProgress) {
 		s.inProgress.Add(1)
 		return receipt{}, errBusy
 	}
 	if err != nil {
-		return receipt{}, err
-	}
-	if err := tx.Commit(ctx); err != nil {
 		return receipt{}, err
 	}
 	if res.Replayed {
@@ -154,39 +166,30 @@ func newFormKey() string {
 	return hex.EncodeToString(b)
 }
 
-// run plays the launch with users on the database at databaseURL, printing
-// to out.
-func run(ctx context.Context, users int, databaseURL string, out io.Writer) error {
+// run plays the launch with users on the database at databaseURL, with
+// the tables under name (a schema on PostgreSQL, a database on MySQL),
+// printing to out.
+func run(ctx context.Context, users int, databaseURL, name string, out io.Writer) error {
 	if users < 1 {
 		return fmt.Errorf("-users must be at least 1")
 	}
 	// 32 connections serve the burst (pgxpool's default is 4, or one per CPU).
-	pool, err := exampledb.Connect(ctx, databaseURL, schema, func(cfg *pgxpool.Config) { cfg.MaxConns = 32 })
+	db, err := exampledb.Open(ctx, databaseURL, name, exampledb.Options{MaxConns: 32})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	// Unqualified, idem's tables go where the quickstart's do: into the first
-	// schema of the search_path.
-	if err := migrations.Up(ctx, pool); err != nil { // creates idem's tables, or does nothing if they are up to date
-		return err
+	defer db.Close()
+	var st store = pgStore{db.Pool}
+	if db.SQL != nil {
+		st = mysqlStore{db.SQL}
 	}
-	// The sign-up table deliberately has no unique constraint: a duplicate
-	// sign-up would show as a second row.
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS quickstart_signups (
-		id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		activity_id bigint NOT NULL,
-		user_id     bigint NOT NULL,
-		created_at  timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return err
-	}
-	s := &server{pool: pool}
-	if err := pool.QueryRow(ctx, `SELECT coalesce(max(activity_id), 0) + 1 FROM quickstart_signups`).Scan(&s.activityID); err != nil {
+	s := &server{store: st}
+	if s.activityID, err = st.setUp(ctx); err != nil {
 		return err
 	}
 
 	fmt.Fprintf(out, "idem quickstart: the launch of activity %d\n", s.activityID)
-	fmt.Fprintln(out, exampledb.Where(pool, schema))
+	fmt.Fprintln(out, db.Where())
 	fmt.Fprintf(out, "%d users open the form and submit: a double click, a lost response retried, a late resubmit (%d submissions)\n\n",
 		users, 4*users)
 
@@ -207,9 +210,8 @@ func run(ctx context.Context, users int, databaseURL string, out io.Writer) erro
 		return err
 	}
 
-	var rows, distinct int
-	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT user_id) FROM quickstart_signups WHERE activity_id = $1`,
-		s.activityID).Scan(&rows, &distinct); err != nil {
+	rows, distinct, err := st.count(ctx, s.activityID)
+	if err != nil {
 		return err
 	}
 	req := s.requests.Load()

@@ -17,20 +17,37 @@ import (
 // first lines where its tables are and how to drop them.
 func TestQuickstartKeepsToItsSchema(t *testing.T) {
 	exampletest.KeepsToSchema(t, schema, func(url string) {
-		var out strings.Builder
-		if err := run(context.Background(), 100, url, &out); err != nil {
-			t.Fatalf("%v\n%s", err, out.String())
-		}
-		lines := strings.Split(out.String(), "\n")
-		exampletest.SaysWhere(t, lines[1], schema) // under the headline
+		start(t, exampletest.Backend{Name: "postgres", URL: url, Tables: schema})
 	})
 }
 
-// Without DATABASE_URL the quickstart writes nowhere, and says what to set.
+// On MySQL the same, with its tables in a database of its own: the
+// database the URL names gets none of them.
+func TestQuickstartKeepsToItsDatabase(t *testing.T) {
+	exampletest.KeepsToDatabase(t, func(url, database string) {
+		start(t, exampletest.Backend{Name: "mysql", URL: url, Tables: database})
+	})
+}
+
+// start runs the quickstart with 100 users on b and checks its line under
+// the headline.
+func start(t *testing.T, b exampletest.Backend) {
+	t.Helper()
+	var out strings.Builder
+	if err := run(context.Background(), 100, b.URL, b.Tables, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(out.String(), "\n")
+	exampletest.SaysWhereOn(t, b, lines[1]) // under the headline
+}
+
+// Without DATABASE_URL the quickstart writes nowhere, and says what to set,
+// for either database.
 func TestQuickstartWithoutDatabaseURL(t *testing.T) {
 	var out strings.Builder
-	err := run(context.Background(), 1, "", &out)
-	if !errors.Is(err, exampledb.ErrNoURL) || !strings.Contains(err.Error(), "DATABASE_URL='postgres://") {
+	err := run(context.Background(), 1, "", schema, &out)
+	if !errors.Is(err, exampledb.ErrNoURL) || !strings.Contains(err.Error(), "DATABASE_URL='postgres://") ||
+		!strings.Contains(err.Error(), "DATABASE_URL='mysql://") {
 		t.Fatalf("run without DATABASE_URL: %v", err)
 	}
 	if out.Len() > 0 {

@@ -5,9 +5,14 @@
 // (idem.RequireIssued behind idemhttp.Middleware), answers 409 while the
 // first submission is in flight, replays the first answer to repeats, and
 // the business key (user, activity) turns a second sign-up from another
-// device into "already signed up" (idem.InsertOrGet) instead of an error.
+// device into "already signed up" (idem.InsertOrGet on PostgreSQL; an INSERT
+// and, on a duplicate key, a locking read of the existing row on MySQL)
+// instead of an error.
 //
-//	go run ./examples/signup            # then open the URL it prints
+//	DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' go run ./examples/signup
+//	DATABASE_URL='mysql://root@127.0.0.1:3306/test' go run ./examples/signup
+//
+// and open the URL it prints.
 //
 // The page shows every request it sends, with its key, its status and its
 // Idempotent-Replayed header, and has two switches for network trouble: one
@@ -17,10 +22,17 @@
 // the answer comes from the record.
 //
 // It connects with DATABASE_URL (and says what to set when it is unset),
-// keeps its tables and idem's in the schema signup_example, created if
-// missing (DROP SCHEMA signup_example CASCADE removes them), and seeds users
-// 1 to 5 (open /?user=2 to be user 2) and, at each start, a new activity
-// with all its seats free.
+// whose scheme picks the driver: pgx for postgres://, database/sql with
+// go-sql-driver/mysql for mysql:// (MySQL 8 or MariaDB; idemhttp.MySQL and
+// idemmysql.IssueToken). It keeps its tables and idem's in the schema
+// signup_example on PostgreSQL, in the database signup_example on MySQL,
+// created if missing (DROP SCHEMA signup_example CASCADE, or DROP DATABASE
+// signup_example, removes them), and seeds users 1 to 5 (open /?user=2 to
+// be user 2) and, at each start, a new activity with all its seats free.
+//
+// The handlers are written once; the SQL that differs between the two
+// databases is behind the store interface, in store_postgres.go and
+// store_mysql.go.
 package main
 
 import (
@@ -40,16 +52,14 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/internal/exampledb"
 	"github.com/idemkit/idem/examples/internal/pagekit"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/migrations"
 )
 
+// schema holds the example's tables and idem's: a schema on PostgreSQL, a
+// database on MySQL.
 const schema = "signup_example"
 
 //go:embed static
@@ -60,27 +70,27 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *addr, os.Getenv("DATABASE_URL"), os.Stdout); err != nil {
+	if err := run(ctx, *addr, os.Getenv("DATABASE_URL"), schema, os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// run serves the example on addr until ctx is done. It binds addr before it
-// touches the database, so that a start that cannot serve (the port is
-// taken) fails without writing anything, and says where to go only once the
-// address is bound.
-func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
+// run serves the example on addr until ctx is done, with its tables under
+// name. It binds addr before it touches the database, so that a start that
+// cannot serve (the port is taken) fails without writing anything, and
+// says where to go only once the address is bound.
+func run(ctx context.Context, addr, databaseURL, name string, out io.Writer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
-	pool, err := connect(ctx, databaseURL)
+	db, err := connect(ctx, databaseURL, name)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	app, err := newApp(ctx, pool)
+	defer db.Close()
+	app, err := newApp(ctx, db, name)
 	if err != nil {
 		return err
 	}
@@ -96,62 +106,93 @@ func run(ctx context.Context, addr, databaseURL string, out io.Writer) error {
 	})
 	defer stopServing()
 	fmt.Fprintf(out, "sign-up example: listening on http://%s/?user=1 (users 1-5, activity %d)\n", ln.Addr(), app.activityID)
-	fmt.Fprintln(out, exampledb.Where(pool, schema))
+	fmt.Fprintln(out, db.Where())
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return <-shutdown
 }
 
-func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	return exampledb.Connect(ctx, url, schema)
+// connect opens the database of url with the tables under name. On MySQL
+// the activity's start scans into a time.Time (parseTime).
+func connect(ctx context.Context, url, name string) (*exampledb.DB, error) {
+	return exampledb.Open(ctx, url, name, exampledb.Options{ParseTime: true})
+}
+
+// store is the sign-up's SQL, one implementation per database: pgStore
+// (PostgreSQL through pgx) and mysqlStore (MySQL and MariaDB through
+// database/sql). The methods marked "in the request's transaction" run in
+// the transaction of the idempotency middleware, which they find in ctx.
+type store interface {
+	// setUp applies idem's migrations and creates the tables if they are
+	// missing, with the demo's users.
+	setUp(ctx context.Context) error
+	// addActivity adds an activity three days ahead with all its seats
+	// free.
+	addActivity(ctx context.Context, title, place string, seats int) (int64, error)
+	// activity reads the activity and what user holds of it (user 0, or
+	// an unknown one, holds nothing).
+	activity(ctx context.Context, activityID, user int64) (activityView, error)
+	// issueToken hands out a submission token in scope.
+	issueToken(ctx context.Context, scope string, ttl time.Duration) (string, error)
+	// middleware is idem's HTTP middleware on this database.
+	middleware(cfg idemhttp.Config) (func(http.Handler) http.Handler, error)
+
+	// lockActivity locks the activity's row, in the request's
+	// transaction, and returns its free seats; found is false when there
+	// is no such activity.
+	lockActivity(ctx context.Context, activityID int64) (seatsLeft int, found bool, err error)
+	// insertOrGet creates user's sign-up to the activity, in the
+	// request's transaction, or returns the existing one (created false):
+	// the unique business key (user, activity) decides, and a duplicate is
+	// never an error.
+	insertOrGet(ctx context.Context, user, activityID int64) (id int64, created bool, err error)
+	// findSignup returns user's sign-up to the activity, in the request's
+	// transaction, if there is one.
+	findSignup(ctx context.Context, user, activityID int64) (id int64, found bool, err error)
+	// takeSeat counts one more seat taken, in the request's transaction.
+	takeSeat(ctx context.Context, activityID int64) error
+}
+
+// activityView is what the page shows of the activity, and of the user.
+type activityView struct {
+	ID        int64     `json:"id"`
+	Title     string    `json:"title"`
+	Place     string    `json:"place"`
+	StartsAt  time.Time `json:"startsAt"`
+	Seats     int       `json:"seats"`
+	SeatsLeft int       `json:"seatsLeft"`
+
+	// UserID and UserName are the user's, nil for an unknown user.
+	UserID   *int64  `json:"-"`
+	UserName *string `json:"-"`
+	// SignupID is the user's sign-up, if any.
+	SignupID *int64 `json:"-"`
+	// Rows counts the user's rows in signups for the activity.
+	Rows int `json:"-"`
 }
 
 // app is the sign-up service.
 type app struct {
-	pool       *pgxpool.Pool
+	db         *exampledb.DB
+	store      store
 	activityID int64
 }
 
-func newApp(ctx context.Context, pool *pgxpool.Pool) (*app, error) {
-	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
-		return nil, err
+// newApp sets the tables up under name (the schema or database db uses)
+// and adds the activity of this start.
+func newApp(ctx context.Context, db *exampledb.DB, name string) (*app, error) {
+	var st store = pgStore{pool: db.Pool, schema: name}
+	if db.SQL != nil {
+		st = mysqlStore{db: db.SQL}
 	}
-	// The unique business key is the last gate: one sign-up per user and
-	// activity, whatever the tokens say.
-	if _, err := pool.Exec(ctx, `
-		CREATE TABLE IF NOT EXISTS activities (
-			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-			title text NOT NULL,
-			place text NOT NULL DEFAULT '',
-			starts_at timestamptz NOT NULL DEFAULT now(),
-			seats int NOT NULL DEFAULT 12,
-			taken int NOT NULL DEFAULT 0);
-		-- An earlier version of this example made activities without these.
-		ALTER TABLE activities
-			ADD COLUMN IF NOT EXISTS place text NOT NULL DEFAULT '',
-			ADD COLUMN IF NOT EXISTS starts_at timestamptz NOT NULL DEFAULT now(),
-			ADD COLUMN IF NOT EXISTS seats int NOT NULL DEFAULT 12,
-			ADD COLUMN IF NOT EXISTS taken int NOT NULL DEFAULT 0;
-		CREATE TABLE IF NOT EXISTS users (id bigint PRIMARY KEY, name text NOT NULL);
-		INSERT INTO users (id, name) VALUES
-			(1, 'Ada Lovelace'), (2, 'Grace Hopper'), (3, 'Alan Turing'),
-			(4, 'Katherine Johnson'), (5, 'Edsger Dijkstra')
-		ON CONFLICT (id) DO UPDATE SET name = excluded.name;
-		CREATE TABLE IF NOT EXISTS signups (
-			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-			user_id bigint NOT NULL REFERENCES users,
-			activity_id bigint NOT NULL REFERENCES activities,
-			created_at timestamptz NOT NULL DEFAULT now(),
-			UNIQUE (user_id, activity_id))`); err != nil {
+	if err := st.setUp(ctx); err != nil {
 		return nil, err
 	}
 	// Each start adds an activity, three days ahead, with all its seats free.
-	a := &app{pool: pool}
-	if err := pool.QueryRow(ctx, `
-		INSERT INTO activities (title, place, starts_at, seats)
-		VALUES ('Sunrise trail run', 'Riverside Park, north gate', date_trunc('day', now()) + interval '3 days 7 hours', 12)
-		RETURNING id`).Scan(&a.activityID); err != nil {
+	a := &app{db: db, store: st}
+	var err error
+	if a.activityID, err = st.addActivity(ctx, "Sunrise trail run", "Riverside Park, north gate", 12); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -175,7 +216,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("GET "+pagekit.Prefix, pagekit.Handler()) // the stylesheet and panel.js, shared with the other page
 	mux.HandleFunc("GET /api/activity", a.activity)
 	mux.HandleFunc("GET /api/idem-token", a.issueToken)
-	mw, err := idemhttp.Middleware(a.pool, idemhttp.Config{
+	mw, err := a.store.middleware(idemhttp.Config{
 		Scope: func(r *http.Request) (string, error) {
 			id, err := userOf(r)
 			return scopeOf(id), err
@@ -208,45 +249,27 @@ func unknownUser(w http.ResponseWriter, r *http.Request) {
 // signing up says so.
 func (a *app) activity(w http.ResponseWriter, r *http.Request) {
 	user, _ := userOf(r) // 0, no user, when unknown
-	type activity struct {
-		ID        int64     `json:"id"`
-		Title     string    `json:"title"`
-		Place     string    `json:"place"`
-		StartsAt  time.Time `json:"startsAt"`
-		Seats     int       `json:"seats"`
-		SeatsLeft int       `json:"seatsLeft"`
-	}
 	type person struct {
 		ID   int64  `json:"id"`
 		Name string `json:"name"`
 	}
 	var resp struct {
-		Activity activity `json:"activity"`
-		User     *person  `json:"user"` // null for an unknown user
+		Activity activityView `json:"activity"`
+		User     *person      `json:"user"` // null for an unknown user
 		// SignupID is the user's sign-up, if any.
 		SignupID *int64 `json:"signupId"`
 		// Rows counts the user's rows in signups for the activity: the
 		// number the page shows to prove that resends added none.
 		Rows int `json:"rows"`
 	}
-	act := &resp.Activity
-	var userID *int64
-	var name *string
-	err := a.pool.QueryRow(r.Context(), `
-		SELECT a.id, a.title, a.place, a.starts_at, a.seats, a.seats - a.taken,
-		       u.id, u.name,
-		       (SELECT min(s.id) FROM signups s WHERE s.activity_id = a.id AND s.user_id = u.id),
-		       (SELECT count(*) FROM signups s WHERE s.activity_id = a.id AND s.user_id = u.id)
-		FROM activities a LEFT JOIN users u ON u.id = $2
-		WHERE a.id = $1`, a.activityID, user).Scan(
-		&act.ID, &act.Title, &act.Place, &act.StartsAt, &act.Seats, &act.SeatsLeft,
-		&userID, &name, &resp.SignupID, &resp.Rows)
+	act, err := a.store.activity(r.Context(), a.activityID, user)
 	if err != nil {
 		internalError(w, r, err)
 		return
 	}
-	if userID != nil {
-		resp.User = &person{ID: *userID, Name: *name}
+	resp.Activity, resp.SignupID, resp.Rows = act, act.SignupID, act.Rows
+	if act.UserID != nil {
+		resp.User = &person{ID: *act.UserID, Name: *act.UserName}
 	}
 	pagekit.JSON(w, http.StatusOK, resp)
 }
@@ -258,7 +281,7 @@ func (a *app) issueToken(w http.ResponseWriter, r *http.Request) {
 		unknownUser(w, r)
 		return
 	}
-	token, err := idem.IssueToken(r.Context(), a.pool, scopeOf(user), 30*time.Minute)
+	token, err := a.store.issueToken(r.Context(), scopeOf(user), 30*time.Minute)
 	if err != nil {
 		internalError(w, r, err)
 		return
@@ -278,39 +301,37 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 		pagekit.Problem(w, http.StatusBadRequest, "bad-request", `Send {"activityId": N}.`)
 		return
 	}
-	ctx, tx := r.Context(), idemhttp.Tx(r.Context())
+	ctx := r.Context()
 
 	// Lock the activity's row: sign-ups to it queue here. Each sign-up counts
 	// its seat in that row (taken), so the next one in the queue reads the
-	// count its predecessor committed: a FOR UPDATE that waited reads the
-	// row's new version (at REPEATABLE READ or above it fails with 40001
-	// instead, which the middleware's Do retries). Counting the signups rows
-	// here would not do: their count is read before the wait. A missing
-	// activity is a 404 here, rather than a foreign key error later.
-	var seatsLeft int
-	err := tx.QueryRow(ctx, `SELECT seats - taken FROM activities WHERE id = $1 FOR UPDATE`, req.ActivityID).Scan(&seatsLeft)
-	if errors.Is(err, pgx.ErrNoRows) {
-		pagekit.Problem(w, http.StatusNotFound, "activity-not-found", fmt.Sprintf("There is no activity %d.", req.ActivityID))
-		return
-	}
+	// count its predecessor committed: a locking read that waited reads the
+	// row's latest version (on PostgreSQL at REPEATABLE READ or above it
+	// fails with 40001 instead, which the middleware's Do retries). Counting
+	// the signups rows here would not do: their count may be read before
+	// the wait. A missing activity is a 404 here, rather than a foreign key
+	// error later.
+	seatsLeft, found, err := a.store.lockActivity(ctx, req.ActivityID)
 	if err != nil {
 		internalError(w, r, err)
+		return
+	}
+	if !found {
+		pagekit.Problem(w, http.StatusNotFound, "activity-not-found", fmt.Sprintf("There is no activity %d.", req.ActivityID))
 		return
 	}
 
 	var id int64
 	created := false
-	lookup := idem.Query{SQL: `SELECT id FROM signups WHERE user_id = $1 AND activity_id = $2`, Args: []any{user, req.ActivityID}}
 	if seatsLeft > 0 {
 		// The business key decides: a second device (another token) gets
 		// the existing sign-up, not an error.
-		created, err = idem.InsertOrGet(ctx, tx,
-			idem.Query{SQL: `INSERT INTO signups (user_id, activity_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id`, Args: []any{user, req.ActivityID}},
-			lookup, &id)
+		id, created, err = a.store.insertOrGet(ctx, user, req.ActivityID)
 	} else {
 		// Full, unless this user already holds one of the seats.
-		err = tx.QueryRow(ctx, lookup.SQL, lookup.Args...).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) {
+		var holds bool
+		id, holds, err = a.store.findSignup(ctx, user, req.ActivityID)
+		if err == nil && !holds {
 			// 422, not 409: idemhttp records the answer, and a resend of
 			// this token gets it again. (A 409 is left unrecorded for the
 			// client to retry.)
@@ -326,7 +347,7 @@ func (a *app) signup(w http.ResponseWriter, r *http.Request) {
 		pagekit.JSON(w, http.StatusOK, map[string]any{"ok": true, "already": true, "signupId": id, "message": "You are already signed up."})
 		return
 	}
-	if _, err := tx.Exec(ctx, `UPDATE activities SET taken = taken + 1 WHERE id = $1`, req.ActivityID); err != nil {
+	if err := a.store.takeSeat(ctx, req.ActivityID); err != nil {
 		internalError(w, r, err)
 		return
 	}

@@ -3,6 +3,13 @@
 // of its own (lead_example, orders_example, ...): Main creates it for the
 // tests, marked as theirs, and drops it when they end. KeepsToSchema checks
 // on a database of the test's own that an example writes nowhere else.
+//
+// The examples that also run on MySQL or MariaDB run their tests on both:
+// OnEach runs a test on TEST_DATABASE_URL and on TEST_MYSQL_DSN, where each
+// test keeps the example's tables in a database of its own, dropped when
+// it ends (without TEST_MYSQL_DSN the MySQL half is skipped, unless CI is
+// set, when it fails). KeepsToDatabase is KeepsToSchema on MySQL; Count
+// and Exec run SQL written with ? placeholders on either.
 package exampletest
 
 import (
