@@ -21,9 +21,14 @@ import (
 // deadline also bounds the claim's wait on the server (MariaDB), which
 // would otherwise keep waiting after the client gave up.
 //
-// The options are idem's; idem.NoWait needs MariaDB, and
-// idem.WithHoldTimeout is refused. idem.WithTxOptions sets the isolation
-// level and access mode. Errors are idem.Do's, and a *TxAbortedError that
+// The options are idem's; idem.NoWait and idem.WithHoldTimeout need
+// MariaDB. With a hold timeout the server ends a holder that sits idle in
+// its transaction past the bound (the holder's call then fails with the
+// driver's bad-connection error, driver.ErrBadConn or mysql.ErrInvalidConn)
+// and interrupts a statement that runs past it; the transaction runs on a
+// connection of its own, whose session settings are put back when it ends
+// (the package documentation has the details). idem.WithTxOptions sets the
+// isolation level and access mode. Errors are idem.Do's, and a *TxAbortedError that
 // outlasted the retries.
 func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 	fn func(ctx context.Context, tx *sql.Tx) (T, error), opts ...idem.DoOption) (_ idem.Result[T], err error) {
@@ -40,7 +45,13 @@ func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 		return idem.Result[T]{}, err
 	}
 	defer cfg.ExplainMissingTable(&err)
-	v, replayed, err := protocol.Do(ctx, mysqlErrors{}, flavor.NewConn(db, cfg.TxOptions, cfg.Q), protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
+	conn := flavor.NewConn(db, cfg.TxOptions, cfg.Q)
+	if cfg.HoldTimeout > 0 {
+		// The hold timeout's bounds are the session's: put back on a
+		// connection of the transaction's own once it ends.
+		conn = conn.Prepared(d.HoldSet).AfterTx(d.HoldSession)
+	}
+	v, replayed, err := protocol.Do(ctx, mysqlErrors{}, conn, protocol.Key(key), protocol.Fn[*sql.Tx, T](fn), &cfg)
 	return idem.Result[T]{Value: v, Replayed: replayed}, wrap(err)
 }
 
@@ -55,6 +66,8 @@ func Do[T any](ctx context.Context, db *sql.DB, key idem.Key,
 // it replays. A *TxAbortedError says the server rolled tx back (a deadlock
 // while waiting for a first execution that rolled back): roll tx back and
 // run the transaction again; idem runs no other statement on it.
+// idem.WithHoldTimeout is refused (its bounds would be the session's, and
+// outlive the call).
 func WithIdempotency[T any](ctx context.Context, tx *sql.Tx, key idem.Key,
 	fn func(ctx context.Context, tx *sql.Tx) (T, error), opts ...idem.Option) (_ idem.Result[T], err error) {
 	if tx == nil || fn == nil {

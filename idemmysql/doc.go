@@ -60,7 +60,19 @@
 // changes no setting of the session or the transaction), and a ctx deadline
 // bounds it too (max_statement_time), where the client alone would give up
 // and leave the statement waiting on the server. On MySQL 8 idem.NoWait is
-// refused. idem.WithHoldTimeout is refused on both.
+// refused.
+//
+// idem.WithHoldTimeout bounds Do on MariaDB: once the key is claimed, the
+// session's idle_transaction_timeout (whole seconds, rounded up) and
+// max_statement_time are lowered to the bound (a lower value is kept), so
+// that the server ends a holder that hangs idle in its transaction, and
+// interrupts a statement of fn's that runs past it (error 1969). They are
+// settings of the session, which outlive COMMIT: the transaction runs on a
+// connection of its own, which gets its settings back once the
+// transaction ends, however it ended, or is discarded rather than returned
+// to the pool. For the same reason WithIdempotency refuses the bound (the
+// settings would outlive its savepoints, on the caller's connection), and
+// MySQL 8, which has no idle-transaction bound, refuses it too.
 //
 // Statements run one after the other. Do keeps its own statements prepared
 // on each connection of the pool, so that each costs one round trip after a

@@ -542,8 +542,6 @@ func TestTables(t *testing.T) {
 	_, err = idemmysql.Do(ctx, db, idem.Key{Scope: "s", ID: "k"}, fn, idem.WithTable(name, "idempotent_record"))
 	require.NoError(t, err)
 	require.NoError(t, idemmysql.Migrate(ctx, db), "a second Migrate is a no-op")
-	_, err = idemmysql.Do(ctx, db, idem.Key{Scope: "s", ID: "k"}, fn, idem.WithHoldTimeout(time.Second))
-	require.ErrorIs(t, err, idem.ErrInvalidOption)
 }
 
 // With innodb_snapshot_isolation (MariaDB's default from 11.6), a claim on

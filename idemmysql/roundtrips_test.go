@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -65,6 +66,23 @@ func TestRoundTrips(t *testing.T) {
 	t.Logf("bare transaction %d, Do %d, replay %d", b, first, replay)
 	require.Equal(t, b+2, first)
 	require.Equal(t, 3, replay)
+
+	// With a hold timeout (MariaDB): the bound after the claim, and the
+	// session's settings put back once the transaction ended, on a
+	// connection of its own; a replay sets no bound but puts back all the
+	// same.
+	held := func(id string) func() {
+		return func() {
+			_, err := idemmysql.Do(ctx, db, idem.Key{Scope: "rt", ID: id}, fn, idem.WithHoldTimeout(time.Minute))
+			require.NoError(t, err)
+		}
+	}
+	held("warm-up-hold")()
+	heldFirst := roundTrips(t, db, held("kh"))
+	heldReplay := roundTrips(t, db, held("kh"))
+	t.Logf("with a hold timeout: Do %d, replay %d", heldFirst, heldReplay)
+	require.Equal(t, b+4, heldFirst)
+	require.Equal(t, 4, heldReplay)
 
 	// MySQL 8's way: the claim's answer is a statement of its own.
 	restore := idemmysql.UseClaimRead()

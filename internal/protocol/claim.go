@@ -55,8 +55,10 @@ const (
 // (Queries.Tokens) it returns the claimed attempt, or no row when it
 // claimed nothing.
 type claimStep struct {
-	sql  string
-	args []any
+	// token is the call's claim token (Queries.Tokens), nil without.
+	token []byte
+	sql   string
+	args  []any
 	// changes reports that the statement updates a record that existed
 	// before it (an issued token, a record taken over) rather than
 	// inserting one: undoing the execution must put that record back.
@@ -143,9 +145,9 @@ func claimKey(ctx context.Context, s claimStrategy, e Errors, key Key, c *Config
 		token = NewClaimToken()
 		args = append(args, token)
 	}
-	claim := &claimStep{sql: q.Claim, args: args, returns: q.ClaimReturns}
+	claim := &claimStep{token: token, sql: q.Claim, args: args, returns: q.ClaimReturns}
 	if c.RequireIssued {
-		claim = &claimStep{sql: q.ClaimIssued, args: args, changes: true}
+		claim = &claimStep{token: token, sql: q.ClaimIssued, args: args, changes: true}
 	}
 	st := claim
 	for try := range MaxClaimTries {
@@ -183,7 +185,7 @@ func claimKey(ctx context.Context, s claimStrategy, e Errors, key Key, c *Config
 			if q.Tokens {
 				takeover = append(takeover, token)
 			}
-			st = &claimStep{sql: q.Takeover, args: takeover, changes: true}
+			st = &claimStep{token: token, sql: q.Takeover, args: takeover, changes: true}
 		case rec.Status == StatusProcessing:
 			return rec, ErrInProgress
 		default:

@@ -86,6 +86,13 @@ type Statements struct {
 	// (two text columns), so that a call in the caller's transaction can
 	// put them back with HoldRestore ($1, $2).
 	HoldSet, HoldRead, HoldRestore string
+	// HoldSession, when set, says that HoldSet changes the session rather
+	// than the transaction (MariaDB), and puts the session back as HoldSet
+	// found it. Only Do then applies the hold timeout: its transaction
+	// runs on a connection of its own, where the driver runs HoldSession
+	// once the transaction has ended, and which it discards if that fails.
+	// HoldRead and HoldRestore go unused.
+	HoldSession string
 	// ReadCommittedNow reads (one boolean column) whether the transaction
 	// runs at READ COMMITTED, where every statement sees the latest
 	// commits.

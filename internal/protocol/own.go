@@ -25,7 +25,13 @@ func (c *own[TTx]) open(ctx context.Context, st *claimStep, a *claimAnswer) erro
 		// another holder; for a claimed key only where the driver can tell
 		// (pgx sends it in the claim's batch: it then also bounds the read
 		// of a replay, a round trip away).
-		stmts = append(stmts, Stmt{SQL: c.cfg.D.HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}, OnlyIf: &a.claimed})
+		hold := Stmt{SQL: c.cfg.D.HoldSet, Args: []any{HoldMillis(c.cfg.HoldTimeout)}, OnlyIf: &a.claimed}
+		if c.cfg.Q.Tokens {
+			// Claimed is the token's verdict on what the claim read
+			// (drivers of such dialects run statements one at a time).
+			hold.Lazy = func(*Stmt) { a.judge(true, st.token) }
+		}
+		stmts = append(stmts, hold)
 	}
 	tx, err := c.conn.Begin(ctx, stmts...)
 	if err != nil {

@@ -117,6 +117,9 @@ func NewCall[O any](d *Dialect, op string, key Key, keyErr error, complete bool,
 			return c, err
 		}
 	}
+	if c.HoldTimeout > 0 && d.HoldSession != "" && op != "Do" {
+		return c, fmt.Errorf("%w: WithHoldTimeout bounds Do alone on %s: its bounds are the session's, which would outlive %s's savepoints and stay on the caller's connection", ErrInvalidOption, d.Name, op)
+	}
 	c.Op = op
 	return c, nil
 }

@@ -8,10 +8,12 @@ package sqldriver
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idemkit/idem/internal/protocol"
 )
@@ -280,9 +282,34 @@ func (t *Tx) Fn() (*sql.Tx, func()) { return t.tx, func() {} }
 type own struct {
 	*Tx
 	ctx context.Context // what the transaction was begun with: database/sql ends it with ctx
+	// sc is the connection of its own the transaction runs on, where
+	// after runs once it has ended (Conn.AfterTx); nil otherwise.
+	sc    *sql.Conn
+	after string
+}
+
+// afterBound bounds the statement that runs after a transaction ended.
+const afterBound = 5 * time.Second
+
+// release runs after on the transaction's connection, once, and hands the
+// connection back to the pool; a connection where after failed keeps a
+// session it must not, and is discarded instead.
+func (o *own) release() {
+	if o.sc == nil {
+		return
+	}
+	sc := o.sc
+	o.sc = nil
+	ctx, cancel := context.WithTimeout(context.Background(), afterBound)
+	defer cancel()
+	if _, err := sc.ExecContext(ctx, o.after); err != nil {
+		_ = sc.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	_ = sc.Close()
 }
 
 func (o *own) Commit(ctx context.Context, stmts ...protocol.Stmt) (unknown bool, err error) {
+	defer o.release()
 	if err := o.Run(ctx, stmts...); err != nil {
 		if errors.Is(err, sql.ErrTxDone) && o.ctx.Err() == nil {
 			return false, o.fnEndedTx()
@@ -314,6 +341,7 @@ func (o *own) fnEndedTx() error {
 }
 
 func (o *own) Rollback(ctx context.Context, stmts ...protocol.Stmt) error {
+	defer o.release()
 	err := o.Run(ctx, stmts...)
 	if rerr := o.tx.Rollback(); err == nil && !errors.Is(rerr, sql.ErrTxDone) {
 		err = rerr
@@ -321,7 +349,10 @@ func (o *own) Rollback(ctx context.Context, stmts ...protocol.Stmt) error {
 	return err
 }
 
-func (o *own) End(context.Context) { _ = o.tx.Rollback() }
+func (o *own) End(context.Context) {
+	_ = o.tx.Rollback()
+	o.release()
+}
 
 // Conn begins Do's transactions on a database.
 type Conn struct {
@@ -331,6 +362,33 @@ type Conn struct {
 	// prepare are the statements the transactions may run, prepared
 	// before the first begins (Flavor.Prepare).
 	prepare []string
+	after   string // AfterTx
+}
+
+// Prepared adds queries to the statements c keeps prepared (with
+// Flavor.Prepare; otherwise it changes nothing).
+func (c Conn) Prepared(queries ...string) Conn {
+	if !c.f.Prepare {
+		return c
+	}
+	c.prepare = append([]string(nil), c.prepare...)
+	for _, query := range queries {
+		if query != "" && c.f.Bind != nil {
+			query, _ = c.f.Bind(query, nil)
+		}
+		c.prepare = append(c.prepare, query)
+	}
+	return c
+}
+
+// AfterTx makes c's transactions run each on a connection of its own,
+// where stmt runs once the transaction has ended, whatever ended it (the
+// dialect's HoldSession: settings of the session's that the transaction
+// changed). A connection where stmt fails is discarded, never handed back
+// to the pool.
+func (c Conn) AfterTx(stmt string) Conn {
+	c.after = stmt
+	return c
 }
 
 // NewConn is db to Do, its transactions begun with opts (Config.TxOptions).
@@ -362,20 +420,31 @@ func (c Conn) Begin(ctx context.Context, stmts ...protocol.Stmt) (protocol.Own[*
 			return nil, err
 		}
 	}
-	stx, err := c.db.BeginTx(ctx, &sopts)
+	o := &own{ctx: ctx, after: c.after}
+	var stx *sql.Tx
+	if c.after != "" {
+		if o.sc, err = c.db.Conn(ctx); err != nil {
+			return nil, err
+		}
+		stx, err = o.sc.BeginTx(ctx, &sopts)
+	} else {
+		stx, err = c.db.BeginTx(ctx, &sopts)
+	}
 	if err != nil {
+		o.release()
 		return nil, err
 	}
 	if setTx != "" {
 		stmts = append([]protocol.Stmt{{SQL: setTx}}, stmts...)
 	}
-	tx := c.f.NewTx(stx)
-	tx.cache = cache
-	if err := tx.Run(ctx, stmts...); err != nil {
+	o.Tx = c.f.NewTx(stx)
+	o.Tx.cache = cache
+	if err := o.Run(ctx, stmts...); err != nil {
 		_ = stx.Rollback()
+		o.release()
 		return nil, err
 	}
-	return &own{Tx: tx, ctx: ctx}, nil
+	return o, nil
 }
 
 // Acquire returns the database itself: database/sql picks a connection for

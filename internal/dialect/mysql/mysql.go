@@ -33,11 +33,15 @@ type Server struct {
 	// refused, and a claim's wait is bounded by the server's
 	// innodb_lock_wait_timeout alone.
 	SetStatement bool
+	// SessionBounds: idle_transaction_timeout and max_statement_time
+	// (MariaDB 10.3 and later), with which the hold timeout bounds Do's
+	// transactions. Without it WithHoldTimeout is refused.
+	SessionBounds bool
 }
 
 // The servers' dialects.
 var (
-	MariaDB = New(Server{Returning: true, SetStatement: true})
+	MariaDB = New(Server{Returning: true, SetStatement: true, SessionBounds: true})
 	// MySQL8 is MySQL 8.0 and later: no RETURNING, no SET STATEMENT.
 	MySQL8 = New(Server{})
 )
@@ -64,6 +68,9 @@ func New(s Server) *protocol.Dialect {
 	}
 	if s.SetStatement {
 		d.ClaimPrefix = claimPrefix
+	}
+	if s.SessionBounds {
+		d.HoldSet, d.HoldSession = holdSet, holdSession
 	}
 	return d
 }
@@ -132,6 +139,20 @@ func claimPrefix(noWait bool, wait time.Duration) string {
 	}
 	return "SET STATEMENT " + strings.Join(sets, ", ") + " FOR "
 }
+
+// holdSet lowers the session's idle_transaction_timeout (whole seconds,
+// rounded up) and max_statement_time (seconds) to $1 milliseconds, keeping
+// a value already lower (0 means none), and keeps the values it replaced in
+// user variables for holdSession. The settings are the session's, not the
+// transaction's: they outlive COMMIT, and holdSession must run after it.
+const holdSet = `SET @idem_hold_idle = @@SESSION.idle_transaction_timeout, @idem_hold_stmt = @@SESSION.max_statement_time,
+	SESSION idle_transaction_timeout = IF(@@SESSION.idle_transaction_timeout = 0 OR @@SESSION.idle_transaction_timeout > CEIL($1 / 1000), CEIL($1 / 1000), @@SESSION.idle_transaction_timeout),
+	SESSION max_statement_time = IF(@@SESSION.max_statement_time = 0 OR @@SESSION.max_statement_time > $1 / 1000, $1 / 1000, @@SESSION.max_statement_time)`
+
+// holdSession puts back what holdSet replaced, if it ran, and forgets it.
+const holdSession = `SET SESSION idle_transaction_timeout = IFNULL(@idem_hold_idle, @@SESSION.idle_transaction_timeout),
+	SESSION max_statement_time = IFNULL(@idem_hold_stmt, @@SESSION.max_statement_time),
+	@idem_hold_idle = NULL, @idem_hold_stmt = NULL`
 
 // Quote returns t's quoted, possibly database-qualified name. Its names are
 // plain identifiers (the options validate them), so backticks are safe.
