@@ -7,8 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/idemmysql"
 )
@@ -104,28 +103,19 @@ func (mysqlStore) lockActivity(ctx context.Context, activityID int64) (int, bool
 // mysqlFindSignup is a locking read: under REPEATABLE READ, MySQL's
 // default, a plain SELECT reads the transaction's snapshot, which can miss
 // a sign-up committed after it was taken (the very row a duplicate key
-// error just met); FOR UPDATE reads the latest committed row.
-const mysqlFindSignup = `SELECT id FROM signups WHERE user_id = ? AND activity_id = ? FOR UPDATE`
+// error just met); LOCK IN SHARE MODE reads the latest committed row, and
+// goes with the shared lock the duplicate key error left (FOR UPDATE would
+// upgrade it, and deadlock against a concurrent duplicate).
+const mysqlFindSignup = `SELECT id FROM signups WHERE user_id = ? AND activity_id = ? LOCK IN SHARE MODE`
 
-// erDupEntry is MySQL's error for a duplicate key (ER_DUP_ENTRY).
-const erDupEntry = 1062
-
-func (s mysqlStore) insertOrGet(ctx context.Context, user, activityID int64) (int64, bool, error) {
-	r, err := idemhttp.SQLTx(ctx).ExecContext(ctx, `INSERT INTO signups (user_id, activity_id) VALUES (?, ?)`, user, activityID)
-	if err == nil {
-		id, err := r.LastInsertId()
-		return id, err == nil, err
-	}
-	// A duplicate rolls back this statement alone: the transaction goes on
-	// and reads the sign-up that exists.
-	if me := (*mysql.MySQLError)(nil); !errors.As(err, &me) || me.Number != erDupEntry {
-		return 0, false, err
-	}
-	id, found, err := s.findSignup(ctx, user, activityID)
-	if err == nil && !found {
-		err = errors.New("signups: a duplicate key, and no row under it")
-	}
-	return id, false, err
+func (mysqlStore) insertOrGet(ctx context.Context, user, activityID int64) (int64, bool, error) {
+	var id int64
+	// A plain INSERT: on MySQL its duplicate key error (1062) rolls back
+	// the statement alone, and InsertOrGet reads the existing sign-up.
+	created, err := idemmysql.InsertOrGet(ctx, idemhttp.SQLTx(ctx),
+		idem.Query{SQL: `INSERT INTO signups (user_id, activity_id) VALUES (?, ?)`, Args: []any{user, activityID}},
+		idem.Query{SQL: mysqlFindSignup, Args: []any{user, activityID}}, &id)
+	return id, created, err
 }
 
 func (mysqlStore) findSignup(ctx context.Context, user, activityID int64) (int64, bool, error) {
