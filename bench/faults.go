@@ -68,12 +68,8 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 	}
 	defer cut.Close()
 
-	type system struct {
-		name   string
-		submit func(ctx context.Context, user int64, key string) error
-	}
 	var redisFaults atomic.Int64
-	systems := []system{
+	systems := []faultSystem{
 		{"redis recipe", func(ctx context.Context, user int64, key string) error {
 			return recipeOnce(ctx, cut, user, key, &redisFaults)
 		}},
@@ -84,12 +80,46 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 			return err
 		}},
 	}
+	count := func(ctx context.Context, first, last int64) (map[int64]int, error) {
+		rows := map[int64]int{}
+		r, err := pool.Query(ctx, `SELECT user_id, count(*) FROM idem_bench.signups WHERE user_id BETWEEN $1 AND $2 GROUP BY user_id`, first, last)
+		if err != nil {
+			return nil, err
+		}
+		for r.Next() {
+			var u int64
+			var n int
+			if err := r.Scan(&u, &n); err != nil {
+				return nil, err
+			}
+			rows[u] = n
+		}
+		return rows, r.Err()
+	}
+	return faultTable(ctx, "faults", systems, workers, proxy.Cuts, &redisFaults, count)
+}
+
+// faultSystem is one of the systems the fault suites compare: submit makes
+// one attempt at user's sign-up with key.
+type faultSystem struct {
+	name   string
+	submit func(ctx context.Context, user int64, key string) error
+}
+
+// faultTable sends faultRequests sign-ups through each system with workers
+// workers, each client retrying with the same key (up to 10 times, 20 ms
+// apart), and counts what went wrong once they gave up or succeeded. cuts
+// is the number of COMMITs cut so far, redisFaults the Redis writes the
+// systems lost (reset per system), and count the committed rows of each
+// user from first to last.
+func faultTable(ctx context.Context, suite string, systems []faultSystem, workers int, cuts func() int64, redisFaults *atomic.Int64,
+	count func(ctx context.Context, first, last int64) (map[int64]int, error)) (string, error) {
 	var t strings.Builder
-	fmt.Fprintf(&t, "faults: %d sign-ups per system, %d workers; %.0f%% of COMMITs have their connection cut right after they are sent (and, for the recipe, %.0f%% of its Redis writes after the commit are lost); clients retry with the same key up to 10 times\n\n",
-		faultRequests, workers, faultRate*100, faultRate*100)
+	fmt.Fprintf(&t, "%s: %d sign-ups per system, %d workers; %.0f%% of COMMITs have their connection cut right after they are sent (and, for the recipe, %.0f%% of its Redis writes after the commit are lost); clients retry with the same key up to 10 times\n\n",
+		suite, faultRequests, workers, faultRate*100, faultRate*100)
 	fmt.Fprintf(&t, "| system | cuts injected | duplicate effects | stuck keys | errors although committed | lost acknowledged writes |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, sys := range systems {
-		cutsBefore := proxy.Cuts()
+		cutsBefore := cuts()
 		redisFaults.Store(0)
 		first := signupUser.Load() + 1
 		outcomes := make([]faultOutcome, faultRequests)
@@ -124,21 +154,8 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 		wg.Wait()
 		signupUser.Add(int64(faultRequests))
 
-		rows := map[int64]int{}
-		r, err := pool.Query(ctx, `SELECT user_id, count(*) FROM idem_bench.signups WHERE user_id BETWEEN $1 AND $2 GROUP BY user_id`,
-			first, first+int64(faultRequests)-1)
+		rows, err := count(ctx, first, first+int64(faultRequests)-1)
 		if err != nil {
-			return "", err
-		}
-		for r.Next() {
-			var u int64
-			var n int
-			if err := r.Scan(&u, &n); err != nil {
-				return "", err
-			}
-			rows[u] = n
-		}
-		if err := r.Err(); err != nil {
 			return "", err
 		}
 		var dup, stuck, wrongErr, lost int
@@ -156,8 +173,8 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 				wrongErr++
 			}
 		}
-		fmt.Fprintf(&t, "| %s | %d | %d | %d | %d | %d |\n", sys.name, proxy.Cuts()-cutsBefore+redisFaults.Load(), dup, stuck, wrongErr, lost)
-		fmt.Fprintf(os.Stderr, "  faults: %s done\n", sys.name)
+		fmt.Fprintf(&t, "| %s | %d | %d | %d | %d | %d |\n", sys.name, cuts()-cutsBefore+redisFaults.Load(), dup, stuck, wrongErr, lost)
+		fmt.Fprintf(os.Stderr, "  %s: %s done\n", suite, sys.name)
 	}
 	t.WriteString("\nThe recipe's table keeps its unique index, as the scenario has it, so neither system stores a duplicate; the recipe pays instead with keys stuck in PROCESSING until their TTL (a Redis write lost after the commit) and retries refused by the unique index although the first attempt committed (a COMMIT whose answer was lost, then DEL and a fresh claim). idem's retries replay.\n\n")
 	return t.String(), nil
@@ -166,11 +183,18 @@ func runFaultSuite(ctx context.Context, pool *pgxpool.Pool, workers, _ int, _ ti
 // recipeOnce is the recipe with a share faultRate of its post-commit Redis
 // writes lost.
 func recipeOnce(ctx context.Context, pool *pgxpool.Pool, user int64, key string, redisFaults *atomic.Int64) error {
-	return recipe(ctx, pool, user, key, func() bool {
+	return recipe(ctx, pool, user, key, loseRedis(redisFaults))
+}
+
+// loseRedis is the fault suites' injection into the recipe: it loses the
+// connection to Redis after a share faultRate of the commits, counted in
+// redisFaults.
+func loseRedis(redisFaults *atomic.Int64) func() bool {
+	return func() bool {
 		if rand.Float64() < faultRate {
 			redisFaults.Add(1)
 			return true
 		}
 		return false
-	})
+	}
 }

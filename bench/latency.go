@@ -118,9 +118,15 @@ type latency struct {
 	measured time.Duration // the round trip added, measured (SELECT 1 proxied minus direct)
 	direct   time.Duration // a SELECT 1 round trip without the proxy
 	proxies  []*proxyProc
-	// pgURL and redisAddr are where the suites connect.
+	// pg says whether PostgreSQL is in use; pgURL, mysqlAddr ("": not
+	// in use) and redisAddr are where the suites connect.
+	pg        bool
 	pgURL     string
+	mysqlAddr string
 	redisAddr string
+	// mysqlDirect and mysqlMeasured are direct and measured for MySQL when
+	// PostgreSQL is in use too (the fields above are PostgreSQL's then).
+	mysqlDirect, mysqlMeasured time.Duration
 }
 
 // current is the configuration the suites run under.
@@ -143,11 +149,20 @@ func (l *latency) close() {
 
 // label names the configuration in reports.
 func (l *latency) label() string {
-	if l.rtt == 0 {
-		return fmt.Sprintf("loopback (SELECT 1 round trip %v)", l.direct.Round(time.Microsecond))
-	}
-	return fmt.Sprintf("added RTT %v, measured %v (SELECT 1 round trip %v direct)",
+	s := fmt.Sprintf("added RTT %v, measured %v (SELECT 1 round trip %v direct)",
 		l.rtt, l.measured.Round(time.Microsecond), l.direct.Round(time.Microsecond))
+	if l.rtt == 0 {
+		s = fmt.Sprintf("loopback (SELECT 1 round trip %v)", l.direct.Round(time.Microsecond))
+	}
+	if l.mysqlDirect > 0 {
+		if l.rtt == 0 {
+			s += fmt.Sprintf("; MySQL: SELECT 1 round trip %v", l.mysqlDirect.Round(time.Microsecond))
+		} else {
+			s += fmt.Sprintf("; MySQL: measured %v (SELECT 1 round trip %v direct)",
+				l.mysqlMeasured.Round(time.Microsecond), l.mysqlDirect.Round(time.Microsecond))
+		}
+	}
+	return s
 }
 
 // parseRTTs reads -rtt: comma-separated durations, 0 for none.
@@ -168,31 +183,54 @@ func parseRTTs(s string) ([]time.Duration, error) {
 	return out, nil
 }
 
-// openLatency sets up rtt in front of the server databaseURL names (and of
-// Redis when withRedis), and measures what it adds.
-func openLatency(ctx context.Context, databaseURL string, rtt time.Duration, withRedis bool) (*latency, error) {
-	l := &latency{rtt: rtt, pgURL: databaseURL, redisAddr: "127.0.0.1:6379"}
-	direct, err := pingPostgres(ctx, databaseURL)
-	if err != nil {
-		return nil, err
+// openLatency sets up rtt in front of the PostgreSQL server databaseURL
+// names when withPG, of the MySQL server at mysqlAddr (none when "") and of
+// Redis when withRedis, and measures what it adds.
+func openLatency(ctx context.Context, withPG bool, databaseURL, mysqlAddr string, rtt time.Duration, withRedis bool) (*latency, error) {
+	l := &latency{rtt: rtt, pg: withPG, pgURL: databaseURL, mysqlAddr: mysqlAddr, redisAddr: "127.0.0.1:6379"}
+	var pgDirect, myDirect time.Duration
+	if withPG {
+		d, err := pingPostgres(ctx, databaseURL)
+		if err != nil {
+			return nil, err
+		}
+		pgDirect = d
 	}
-	l.direct = direct
+	if mysqlAddr != "" {
+		d, err := pingMySQL(ctx, mysqlAddr)
+		if err != nil {
+			return nil, err
+		}
+		myDirect = d
+	}
+	l.setDirect(withPG, pgDirect, myDirect)
 	if rtt == 0 {
 		return l, nil
 	}
-	cfg, err := pgx.ParseConfig(databaseURL)
-	if err != nil {
-		return nil, err
+	if withPG {
+		cfg, err := pgx.ParseConfig(databaseURL)
+		if err != nil {
+			return nil, err
+		}
+		if strings.HasPrefix(cfg.Host, "/") {
+			return nil, fmt.Errorf("-rtt puts a TCP proxy in front of PostgreSQL, which this connection reaches through the Unix socket in %s: set DATABASE_URL to its TCP address, e.g. postgres://postgres@127.0.0.1:5432/postgres", cfg.Host)
+		}
+		pg, err := startProxy(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), rtt)
+		if err != nil {
+			return nil, err
+		}
+		l.proxies = append(l.proxies, pg)
+		l.pgURL = withHostPort(cfg, pg.addr)
 	}
-	if strings.HasPrefix(cfg.Host, "/") {
-		return nil, fmt.Errorf("-rtt puts a TCP proxy in front of PostgreSQL, which this connection reaches through the Unix socket in %s: set DATABASE_URL to its TCP address, e.g. postgres://postgres@127.0.0.1:5432/postgres", cfg.Host)
+	if mysqlAddr != "" {
+		mp, err := startProxy(mysqlAddr, rtt)
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		l.proxies = append(l.proxies, mp)
+		l.mysqlAddr = mp.addr
 	}
-	pg, err := startProxy(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), rtt)
-	if err != nil {
-		return nil, err
-	}
-	l.proxies = append(l.proxies, pg)
-	l.pgURL = withHostPort(cfg, pg.addr)
 	if withRedis {
 		rp, err := startProxy(l.redisAddr, rtt)
 		if err != nil {
@@ -202,12 +240,24 @@ func openLatency(ctx context.Context, databaseURL string, rtt time.Duration, wit
 		l.proxies = append(l.proxies, rp)
 		l.redisAddr = rp.addr
 	}
-	proxied, err := pingPostgres(ctx, l.pgURL)
-	if err != nil {
-		l.close()
-		return nil, err
+	var pgProxied, myProxied time.Duration
+	if withPG {
+		d, err := pingPostgres(ctx, l.pgURL)
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		pgProxied = d
 	}
-	l.measured = proxied - direct
+	if mysqlAddr != "" {
+		d, err := pingMySQL(ctx, l.mysqlAddr)
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		myProxied = d
+	}
+	l.setMeasured(withPG, pgProxied-pgDirect, myProxied-myDirect)
 	if withRedis {
 		if _, err := pingRedis(ctx, l.redisAddr); err != nil {
 			l.close()
@@ -215,6 +265,25 @@ func openLatency(ctx context.Context, databaseURL string, rtt time.Duration, wit
 		}
 	}
 	return l, nil
+}
+
+// setDirect records the direct round trips: PostgreSQL's as the run's when
+// it is in use (withPG), with MySQL's beside it; otherwise MySQL's.
+func (l *latency) setDirect(withPG bool, pg, my time.Duration) {
+	if !withPG {
+		l.direct = my
+		return
+	}
+	l.direct, l.mysqlDirect = pg, my
+}
+
+// setMeasured records the added round trips, as setDirect does.
+func (l *latency) setMeasured(withPG bool, pg, my time.Duration) {
+	if !withPG {
+		l.measured = my
+		return
+	}
+	l.measured, l.mysqlMeasured = pg, my
 }
 
 // withHostPort is cfg's database URL pointed at addr, over TCP without TLS.

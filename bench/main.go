@@ -58,13 +58,27 @@
 //	purge       Claim+Complete throughput and p99 alone, then while Purge deletes
 //	            1,000,000 expired records (-purge-rows), paced at -purge-rate rows/s
 //	            (250,000; 0 runs it flat out); the purge rate
+//	mysql-model  on MySQL (-mysql-dsn): idemmysql.Do against its own statements
+//	             written by hand on database/sql (sql-model, the baseline) and a
+//	             bare transaction, alone so that each round pairs them
+//	mysql-recipe on MySQL: a sign-up per operation through the Redis recipe as
+//	             the scenario writes it (SET NX, EXISTS, the transaction, three
+//	             SETs one by one; the baseline), the same with the SETs
+//	             pipelined, idemmysql.Do, a bare transaction, and that with one
+//	             and with two plain primary-key writes of the key's (the floor
+//	             under any record kept in the database)
+//	mysql-faults the faults suite on MySQL: the recipe as written against
+//	             idemmysql.Do, over connections cut right after COMMIT
 //
 // Rounds rotate the order of the variants, and the report gives each
 // variant's median throughput and the median of its per-round ratios to the
 // baseline, because this machine is noisy.
 //
 // It connects with DATABASE_URL or the PG* defaults, works in a schema of its
-// own (idem_bench) and drops it at the end.
+// own (idem_bench) and drops it at the end. The mysql-* suites need no
+// PostgreSQL: they connect with -mysql-dsn (default $TEST_MYSQL_DSN, or
+// root@tcp(127.0.0.1:3306)/test), work in a database of their own
+// (idem_bench) and drop it at the end.
 package main
 
 import (
@@ -134,6 +148,10 @@ type suite struct {
 	// bare names the variant that is a bare transaction, for the ratios to
 	// bare of the JSON results and the latency chart; the baseline if "".
 	bare string
+	// mysql marks a suite that runs on MySQL (-mysql-dsn) alone: its
+	// variants take no PostgreSQL pool (they are given nil when no
+	// PostgreSQL suite runs) and use mysqlDB.
+	mysql bool
 }
 
 var suites = []suite{
@@ -150,6 +168,18 @@ var suites = []suite{
 	{name: "tablesize", custom: runTableSizeSuite},
 	{name: "purge", variants: []variant{{"Claim+Complete", claimComplete}}, custom: runPurgeSuite},
 	{name: "sql", about: "database/sql through pgx's stdlib driver: idemsql.Do against a bare database/sql transaction running the same INSERT", setup: setupSQL, teardown: teardownSQL, variants: sqlVariants, newKeysOnly: true, bare: "bare database/sql"},
+	{name: "mysql-model", about: "MySQL: idemmysql.Do against its own statements by hand on database/sql, and a bare transaction", variants: mysqlModelVariants, newKeysOnly: true, bare: "bare", mysql: true},
+	{name: "mysql-recipe", about: "MySQL: a sign-up with a new token per operation: the Redis recipe as written, and pipelined, against idemmysql.Do, a bare transaction and the least a record in the database adds to it", setup: setupMySQLRecipe, variants: mysqlRecipeVariants, newKeysOnly: true, bare: "bare transaction", mysql: true},
+	{name: "mysql-faults", variants: []variant{{"redis recipe", mysqlRecipeAsWritten}}, custom: runMySQLFaultSuite, mysql: true},
+}
+
+// suiteList lists the suites, for -suites and its errors.
+func suiteList() string {
+	names := make([]string, len(suites))
+	for i, su := range suites {
+		names[i] = su.name
+	}
+	return strings.Join(names, ", ")
 }
 
 var coreVariants = []variant{
@@ -247,13 +277,14 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measurement")
 	warmup := flag.Duration("warmup", time.Second, "warm-up per variant before the rounds")
 	markdown := flag.String("markdown", "", "also write the report to this file")
-	suitesFlag := flag.String("suites", "core", "comma-separated suites: core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge, sql")
+	suitesFlag := flag.String("suites", "core", "comma-separated suites: "+suiteList())
 	tableSizesFlag := flag.String("table-sizes", "0,1000000,10000000", "record counts the tablesize suite measures at")
 	dupsFlag := flag.String("dups", "0", "comma-separated shares of duplicate requests for the core, transition, inbox and http suites, e.g. 0,0.5,0.9")
 	jsonOut := flag.String("json", "", "also write every result and the machine description to this JSON file")
 	replot := flag.String("replot", "", "draw -chart from this JSON file of an earlier run (-json) instead of measuring")
 	chartOut := flag.String("chart", "", "also draw a chart to this PNG file: with one -rtt, the core suite's throughput against workers (duplicates 0); with several, the ratio to a bare transaction against the added round-trip time")
-	rttFlag := flag.String("rtt", "0", "comma-separated round-trip times to add in front of PostgreSQL and Redis through a delay proxy on 127.0.0.1, e.g. 0,200us,1ms (0: none)")
+	rttFlag := flag.String("rtt", "0", "comma-separated round-trip times to add in front of PostgreSQL, MySQL and Redis through a delay proxy on 127.0.0.1, e.g. 0,200us,1ms (0: none)")
+	flag.StringVar(&mysqlDSN, "mysql-dsn", mysqlDSN, "the MySQL or MariaDB server of the mysql-* suites, as a go-sql-driver/mysql DSN (default $TEST_MYSQL_DSN, or root@tcp(127.0.0.1:3306)/test); the bench creates the database "+mysqlDatabase+" there and drops it at the end")
 	flag.Int64Var(&purgeRows, "purge-rows", purgeRows, "expired records the purge suite purges per round")
 	flag.IntVar(&purgeBatch, "purge-batch", purgeBatch, "the purge suite's batch size (0: Purge's default)")
 	flag.IntVar(&purgeRate, "purge-rate", purgeRate, "the purge suite's PurgeParams.RowsPerSecond (0: unpaced)")
@@ -315,11 +346,21 @@ func main() {
 
 // runSuites runs the suites named under the network l, on a pool of its own.
 func runSuites(ctx context.Context, l *latency, suiteNames []string, workerCounts []int, rounds int, duration, warmup time.Duration, report *strings.Builder) error {
-	pool, err := latencyPool(ctx, l, slices.Max(workerCounts))
-	if err != nil {
-		return err
+	var pool *pgxpool.Pool // nil when no PostgreSQL suite runs
+	if l.pg {
+		p, err := latencyPool(ctx, l, slices.Max(workerCounts))
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		pool = p
 	}
-	defer pool.Close()
+	if l.mysqlAddr != "" {
+		if err := openMySQL(ctx, l.mysqlAddr, slices.Max(workerCounts)); err != nil {
+			return err
+		}
+		defer closeMySQL()
+	}
 	for _, su := range suites {
 		if !slices.Contains(suiteNames, su.name) {
 			continue
@@ -429,10 +470,15 @@ func runSuite(ctx context.Context, pool *pgxpool.Pool, su suite, workers, rounds
 
 func run(workersFlag, suitesFlag string, rtts []time.Duration, rounds int, duration, warmup time.Duration, markdown string) error {
 	suiteNames := strings.Split(suitesFlag, ",")
+	var withPG, withMySQL, withRedis bool
 	for _, n := range suiteNames {
-		if !slices.ContainsFunc(suites, func(s suite) bool { return s.name == n }) {
-			return fmt.Errorf("-suites: unknown suite %q (core, floor, model, shape, transition, inbox, http, redis, faults, hotkey, tablesize, purge, sql)", n)
+		i := slices.IndexFunc(suites, func(s suite) bool { return s.name == n })
+		if i < 0 {
+			return fmt.Errorf("-suites: unknown suite %q (%s)", n, suiteList())
 		}
+		withPG = withPG || !suites[i].mysql
+		withMySQL = withMySQL || suites[i].mysql
+		withRedis = withRedis || n == "redis" || n == "mysql-recipe"
 	}
 	var workerCounts []int
 	for _, w := range strings.Split(workersFlag, ",") {
@@ -446,41 +492,35 @@ func run(workersFlag, suitesFlag string, rtts []time.Duration, rounds int, durat
 		return fmt.Errorf("-rounds and -duration must be positive")
 	}
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
-	if err != nil {
-		return err
+	var servers []string
+	var version, syncCommit, databaseURL, mysqlAddr string
+	if withPG {
+		databaseURL = os.Getenv("DATABASE_URL")
+		v, sc, drop, err := setupPostgres(ctx, databaseURL, slices.Max(workerCounts))
+		if err != nil {
+			return err
+		}
+		defer drop()
+		version, syncCommit = v, sc
+		servers = append(servers, fmt.Sprintf("PostgreSQL %s (synchronous_commit=%s)", version, syncCommit))
 	}
-	cfg.MaxConns = int32(slices.Max(workerCounts))
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return err
+	if withMySQL {
+		addr, v, drop, err := setupMySQL(ctx)
+		if err != nil {
+			return err
+		}
+		defer drop()
+		mysqlAddr, mysqlVersion = addr, v
+		servers = append(servers, "MySQL "+v)
 	}
-	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("cannot reach PostgreSQL (set DATABASE_URL): %w", err)
-	}
-	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS idem_bench CASCADE`); err != nil {
-		return err
-	}
-	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS idem_bench CASCADE`) //nolint:errcheck
-	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
-		return err
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE idem_bench.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		user_id bigint NOT NULL, amount bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return err
-	}
-
-	var version, syncCommit string
-	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit')`).Scan(&version, &syncCommit)
 	var report strings.Builder
-	fmt.Fprintf(&report, "idem bench: %s, %d CPUs, Go %s, PostgreSQL %s (synchronous_commit=%s)\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), version, syncCommit)
+	fmt.Fprintf(&report, "idem bench: %s, %d CPUs, Go %s, %s\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), strings.Join(servers, ", "))
 	fmt.Fprintf(&report, "%d interleaved rounds of %v per variant\n\n", rounds, duration)
 	fmt.Print(report.String())
 
 	for _, rtt := range rtts {
-		l, err := openLatency(ctx, os.Getenv("DATABASE_URL"), rtt, slices.Contains(suiteNames, "redis"))
+		l, err := openLatency(ctx, withPG, databaseURL, mysqlAddr, rtt, withRedis)
 		if err != nil {
 			return fmt.Errorf("-rtt %v: %w", rtt, err)
 		}
@@ -513,4 +553,44 @@ func run(workersFlag, suitesFlag string, rtts []time.Duration, rounds int, durat
 		return os.WriteFile(markdown, []byte(report.String()), 0o644)
 	}
 	return nil
+}
+
+// setupPostgres creates the bench's schema with idem's tables and the
+// orders table on the server databaseURL names, and returns the server's
+// version and synchronous_commit, and a function that drops the schema.
+func setupPostgres(ctx context.Context, databaseURL string, maxConns int) (version, syncCommit string, drop func(), err error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return "", "", nil, err
+	}
+	cfg.MaxConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return "", "", nil, err
+	}
+	fail := func(err error) (string, string, func(), error) {
+		pool.Close()
+		return "", "", nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		return fail(fmt.Errorf("cannot reach PostgreSQL (set DATABASE_URL): %w", err))
+	}
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS idem_bench CASCADE`); err != nil {
+		return fail(err)
+	}
+	drop = func() {
+		pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS idem_bench CASCADE`) //nolint:errcheck
+		pool.Close()
+	}
+	if err := migrations.Up(ctx, pool, migrations.WithTable(schema, idem.DefaultTable)); err != nil {
+		drop()
+		return "", "", nil, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE idem_bench.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		user_id bigint NOT NULL, amount bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		drop()
+		return "", "", nil, err
+	}
+	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit')`).Scan(&version, &syncCommit)
+	return version, syncCommit, drop, nil
 }

@@ -27,8 +27,9 @@ import (
 //	SET biz key NX EX 86400; SET {token}:resp EX 86400; SET {token} DONE EX 86400
 //	on failure: DEL {token}                         release the claim
 //
-// The three SETs after the commit go in one pipeline (the recipe as usually
-// written sends them one by one), which favours the baseline.
+// The redis suite sends the three SETs after the commit in one pipeline (the
+// recipe as usually written sends them one by one), which favours the
+// baseline; the mysql-recipe suite measures both forms.
 
 var (
 	redisClient *redis.Client
@@ -37,10 +38,8 @@ var (
 )
 
 func setupRedis(ctx context.Context, pool *pgxpool.Pool) error {
-	redisClient = redis.NewClient(&redis.Options{Addr: current.redisAddr, PoolSize: 64})
-	redisRun = strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := redisClient.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("the redis suite needs Redis at 127.0.0.1:6379: %w", err)
+	if err := openRedis(ctx, "redis"); err != nil {
+		return err
 	}
 	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_bench.signups (
 		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -51,6 +50,20 @@ func setupRedis(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	_, err = pool.Exec(ctx, `TRUNCATE idem_bench.signups`) // user ids restart with the process
 	return err
+}
+
+// openRedis connects the recipe's client to Redis, through the delay proxy
+// under -rtt, for the suite named.
+func openRedis(ctx context.Context, suite string) error {
+	if redisClient != nil {
+		_ = redisClient.Close()
+	}
+	redisClient = redis.NewClient(&redis.Options{Addr: current.redisAddr, PoolSize: 64})
+	redisRun = strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := redisClient.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("the %s suite needs Redis at 127.0.0.1:6379: %w", suite, err)
+	}
+	return nil
 }
 
 func insertSignup(ctx context.Context, tx pgx.Tx, user int64) (int64, error) {
@@ -66,10 +79,30 @@ func redisRecipe(ctx context.Context, pool *pgxpool.Pool, key idem.Key) error {
 	return recipe(ctx, pool, signupUser.Add(1), key.ID, nil)
 }
 
-// recipe runs the recipe for user with token key. lostRedis, when set, is
-// asked after the commit whether the connection to Redis is lost (the fault
-// suite's injection): the response writes are then never made.
+// recipe runs the recipe for user with token key on PostgreSQL, its three
+// SETs after the commit pipelined. lostRedis, when set, is asked after the
+// commit whether the connection to Redis is lost (the fault suite's
+// injection): the response writes are then never made.
 func recipe(ctx context.Context, pool *pgxpool.Pool, user int64, key string, lostRedis func() bool) error {
+	return runRecipe(ctx, func(ctx context.Context) (int64, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		id, err := insertSignup(ctx, tx, user)
+		if err != nil {
+			return 0, err
+		}
+		return id, tx.Commit(ctx)
+	}, user, key, false, lostRedis)
+}
+
+// runRecipe runs the recipe for user with token key, with signup as its
+// database transaction (it commits the row and returns its id), and the
+// three SETs after the commit sent one by one (oneByOne, as the scenario
+// writes them) or in one pipeline. lostRedis is as for recipe.
+func runRecipe(ctx context.Context, signup func(ctx context.Context) (int64, error), user int64, key string, oneByOne bool, lostRedis func() bool) error {
 	tokenKey := "idem:signup:" + redisRun + ":" + key
 	bizKey := "biz:signup:" + redisRun + ":" + strconv.FormatInt(user, 10) + ":1"
 	got, err := redisClient.SetNX(ctx, tokenKey, "PROCESSING", 300*time.Second).Result()
@@ -96,18 +129,7 @@ func recipe(ctx context.Context, pool *pgxpool.Pool, user int64, key string, los
 		}
 		return err
 	}
-	id, err := func() (int64, error) {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return 0, err
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck
-		id, err := insertSignup(ctx, tx, user)
-		if err != nil {
-			return 0, err
-		}
-		return id, tx.Commit(ctx)
-	}()
+	id, err := signup(ctx)
 	if err != nil {
 		redisClient.Del(context.WithoutCancel(ctx), tokenKey) // release, so the user may retry
 		return err
@@ -116,6 +138,15 @@ func recipe(ctx context.Context, pool *pgxpool.Pool, user int64, key string, los
 		return errors.New("redis: connection lost") // the token stays PROCESSING until its TTL
 	}
 	resp, _ := json.Marshal(map[string]any{"ok": true, "orderId": id})
+	if oneByOne {
+		if err := redisClient.SetNX(ctx, bizKey, id, 24*time.Hour).Err(); err != nil {
+			return err
+		}
+		if err := redisClient.Set(ctx, tokenKey+":resp", resp, 24*time.Hour).Err(); err != nil {
+			return err
+		}
+		return redisClient.Set(ctx, tokenKey, "DONE", 24*time.Hour).Err()
+	}
 	_, err = redisClient.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.SetNX(ctx, bizKey, id, 24*time.Hour)
 		p.Set(ctx, tokenKey+":resp", resp, 24*time.Hour)

@@ -111,6 +111,9 @@ func writeJSON(path, postgres, syncCommit string) error {
 		"synchronous_commit": syncCommit,
 		"results":            results,
 	}
+	if mysqlVersion != "" {
+		doc["mysql"] = mysqlVersion
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err
