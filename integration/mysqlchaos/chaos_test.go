@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmysql"
+	"github.com/idemkit/idem/internal/cutproxy"
 )
 
 var (
@@ -220,7 +221,7 @@ func TestChaosSoak(t *testing.T) {
 	// The workers go through a proxy that can cut a connection at COMMIT;
 	// half the cuts forward the COMMIT first (it commits), half do not (it
 	// rolls back), and the client cannot tell which.
-	proxy, err := newCommitProxy(m.addr())
+	proxy, err := cutproxy.NewMySQL(m.addr())
 	require.NoError(t, err)
 	t.Cleanup(proxy.Close)
 	proxy.SetDropRate(0.5)
@@ -472,7 +473,7 @@ func deadlocks(db *sql.DB) int {
 // in which the proxy cuts a third of the COMMITs (half of them before the
 // COMMIT reaches the server); at a third and two thirds of the run it
 // restarts MariaDB, stopped with SIGTERM and then with SIGKILL.
-func chaosLoop(t *testing.T, m *mariadb, direct *sql.DB, proxy *commitProxy, running *inflight, stop time.Time) chaosStats {
+func chaosLoop(t *testing.T, m *mariadb, direct *sql.DB, proxy *cutproxy.Proxy, running *inflight, stop time.Time) chaosStats {
 	var st chaosStats
 	total := time.Until(stop)
 	restarts := []struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmysql"
+	"github.com/idemkit/idem/internal/cutproxy"
 )
 
 // TestCommitCuts checks the soak's two faults one at a time: a COMMIT cut
@@ -21,7 +22,7 @@ import (
 func TestCommitCuts(t *testing.T) {
 	m := startMariaDB(t)
 	direct := setUp(t, m)
-	proxy, err := newCommitProxy(m.addr())
+	proxy, err := cutproxy.NewMySQL(m.addr())
 	require.NoError(t, err)
 	t.Cleanup(proxy.Close)
 	db := workerDB(t, proxy.Addr(), false, 4)

@@ -10,7 +10,8 @@
 // until the sessions cut after a forwarded COMMIT have ended, so that a
 // cancel never turns that COMMIT into a rollback.
 //
-// The integration tests and the bench's fault suite use it; it is never part
+// The integration tests, the chaos soaks and the bench's fault suites use
+// it (NewMySQL for MySQL and MariaDB); it is never part
 // of the library. It reads the client's protocol messages: a COMMIT is a
 // simple query that contains one, or a Bind of a statement whose Parse
 // carried one (unnamed, in the same batch, as pgx's QueryExecModeExec sends
@@ -36,8 +37,12 @@ import (
 // Proxy forwards connections to one PostgreSQL server. The zero value is not
 // usable; call New.
 type Proxy struct {
-	ln     net.Listener
-	cfg    *pgconn.Config
+	ln  net.Listener
+	cfg *pgconn.Config // New's; nil for NewMySQL's
+	// target is NewMySQL's server (host:port), and newStream what reads
+	// each connection's client messages.
+	target    string
+	newStream func() streamer
 	rate   atomic.Uint64 // cut probability, in millionths
 	drop   atomic.Uint64 // share of the cuts made before forwarding, in millionths
 	cuts   atomic.Int64
@@ -62,13 +67,26 @@ func New(databaseURL string) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cutproxy: %w", err)
 	}
-	p := &Proxy{ln: ln, cfg: cfg, open: map[net.Conn]struct{}{}, drains: map[chan struct{}]struct{}{}}
+	p := &Proxy{ln: ln, cfg: cfg, newStream: func() streamer { return &stream{named: map[string]bool{}} },
+		open: map[net.Conn]struct{}{}, drains: map[chan struct{}]struct{}{}}
 	p.wg.Go(p.serve)
 	return p, nil
 }
 
-// URL is databaseURL's connection string pointed at the proxy.
+// streamer follows one connection's client messages.
+type streamer interface {
+	// feed reads the complete messages in chunk (with what an earlier
+	// chunk left) and reports whether one of them executes a COMMIT, and
+	// whether one is a cancel request.
+	feed(chunk []byte) (commit, cancel bool)
+}
+
+// URL is databaseURL's connection string pointed at the proxy (New's; ""
+// for a proxy NewMySQL made, which is reached at Addr).
 func (p *Proxy) URL() string {
+	if p.cfg == nil {
+		return ""
+	}
 	u := url.URL{Scheme: "postgres", Host: p.ln.Addr().String(), Path: "/" + p.cfg.Database, RawQuery: "sslmode=disable"}
 	if p.cfg.Password != "" {
 		u.User = url.UserPassword(p.cfg.User, p.cfg.Password)
@@ -116,6 +134,9 @@ func (p *Proxy) Close() {
 }
 
 func (p *Proxy) dial() (net.Conn, error) {
+	if p.target != "" {
+		return net.DialTimeout("tcp", p.target, 2*time.Second)
+	}
 	if strings.HasPrefix(p.cfg.Host, "/") {
 		return net.Dial("unix", fmt.Sprintf("%s/.s.PGSQL.%d", p.cfg.Host, p.cfg.Port))
 	}
@@ -215,18 +236,18 @@ const cutDrainTimeout = 30 * time.Second
 // side: after the COMMIT when it was forwarded, in its place when not.
 func (p *Proxy) forward(l *link) {
 	buf := make([]byte, 64<<10)
-	st := &stream{named: map[string]bool{}}
+	st := p.newStream()
 	for {
 		n, err := l.client.Read(buf)
 		if n > 0 {
 			cutHere, drop := false, false
-			if st.feed(buf[:n]) {
+			commit, cancel := st.feed(buf[:n])
+			if commit {
 				cutHere, drop = p.cut()
 			}
-			if st.cancel {
+			if cancel {
 				// A cancel request: it waits until the sessions cut after a
 				// forwarded COMMIT have ended.
-				st.cancel = false
 				p.awaitDrains()
 			}
 			if cutHere {
@@ -341,9 +362,8 @@ const (
 	cancelRequestCode = 1234<<16 | 5678
 )
 
-// feed reads the complete messages in chunk (with what an earlier chunk
-// left) and reports whether one of them executes a COMMIT.
-func (st *stream) feed(chunk []byte) (commit bool) {
+// feed reads PostgreSQL's messages (streamer).
+func (st *stream) feed(chunk []byte) (commit, cancel bool) {
 	data := append(st.pending, chunk...)
 	for {
 		if !st.started {
@@ -373,7 +393,8 @@ func (st *stream) feed(chunk []byte) (commit bool) {
 		data = data[n:]
 	}
 	st.pending = append(st.pending[:0], data...)
-	return commit
+	cancel, st.cancel = st.cancel, false
+	return commit, cancel
 }
 
 // message looks at one typed message and reports whether it executes a

@@ -46,11 +46,11 @@ func TestStreamFindsCommits(t *testing.T) {
 	}
 	// Whole messages, one chunk each.
 	st := &stream{named: map[string]bool{}}
-	if st.feed(startup) {
+	if c, _ := st.feed(startup); c {
 		t.Fatal("the startup message is no COMMIT")
 	}
 	for _, s := range steps {
-		if got := st.feed(s.msg); got != s.commit {
+		if got, _ := st.feed(s.msg); got != s.commit {
 			t.Errorf("%s: commit = %v, want %v", s.name, got, s.commit)
 		}
 	}
@@ -60,7 +60,8 @@ func TestStreamFindsCommits(t *testing.T) {
 		for cut := 1; cut < len(s.msg); cut++ {
 			st := &stream{named: map[string]bool{"stmt_c": true}}
 			st.feed(startup)
-			first, second := st.feed(s.msg[:cut]), st.feed(s.msg[cut:])
+			first, _ := st.feed(s.msg[:cut])
+			second, _ := st.feed(s.msg[cut:])
 			if first && second || (first || second) != s.commit {
 				t.Fatalf("%s split at %d: %v then %v, want one COMMIT: %v", s.name, cut, first, second, s.commit)
 			}
