@@ -11,8 +11,8 @@
 // cancel never turns that COMMIT into a rollback.
 //
 // The integration tests, the chaos soaks and the bench's fault suites use
-// it (NewMySQL for MySQL and MariaDB); it is never part
-// of the library. It reads the client's protocol messages: a COMMIT is a
+// it (NewMySQL for MySQL and MariaDB); it is never part of the library.
+// It reads the client's protocol messages: a COMMIT is a
 // simple query that contains one, or a Bind of a statement whose Parse
 // carried one (unnamed, in the same batch, as pgx's QueryExecModeExec sends
 // it, or named earlier, as pgx's default mode and idem's prepared statements
@@ -43,14 +43,14 @@ type Proxy struct {
 	// each connection's client messages.
 	target    string
 	newStream func() streamer
-	rate   atomic.Uint64 // cut probability, in millionths
-	drop   atomic.Uint64 // share of the cuts made before forwarding, in millionths
-	cuts   atomic.Int64
-	drops  atomic.Int64
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	open   map[net.Conn]struct{}
-	closed bool
+	rate      atomic.Uint64 // cut probability, in millionths
+	drop      atomic.Uint64 // share of the cuts made before forwarding, in millionths
+	cuts      atomic.Int64
+	drops     atomic.Int64
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	open      map[net.Conn]struct{}
+	closed    bool
 	// drains holds a channel per session cut after a forwarded COMMIT,
 	// closed when the server has ended that session.
 	drains map[chan struct{}]struct{}
