@@ -162,6 +162,7 @@ var suites = []suite{
 	{name: "transition", about: "one PENDING -> PAID per operation, each on a fresh row", setup: setupTransition, variants: transitionVariants},
 	{name: "inbox", about: "one message per operation (a duplicate is a redelivery); the handler inserts one row", variants: inboxVariants},
 	{name: "http", about: "POST through net/http (httptest, keep-alive); the handler inserts one row", setup: setupHTTP, variants: httpVariants},
+	{name: "grpc", about: "a unary gRPC method on loopback TCP that inserts one row: behind idemgrpc's interceptor against the method calling idem.Do itself", setup: setupGRPC, teardown: teardownGRPC, variants: grpcVariants, newKeysOnly: true, bare: "bare handler"},
 	{name: "redis", about: "a sign-up with a new token per operation: the usual Redis recipe against idem.Do", setup: setupRedis, variants: redisVariants, newKeysOnly: true, bare: "bare transaction"},
 	{name: "faults", variants: []variant{{"redis recipe", redisRecipe}}, custom: runFaultSuite},
 	{name: "hotkey", variants: []variant{{"Do, one key", bareInsert}}, custom: runHotKeySuite},

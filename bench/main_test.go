@@ -39,7 +39,7 @@ func TestBenchSmoke(t *testing.T) {
 	dupShares = []float64{0, 0.5}
 	jsonPath = filepath.Join(t.TempDir(), "results.json")
 	chartPath = filepath.Join(t.TempDir(), "chart.png")
-	if err := run("2", "core,floor,model,shape,transition,inbox,http,redis,faults,hotkey,tablesize,purge,sql", []time.Duration{0}, 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	if err := run("2", "core,floor,model,shape,transition,inbox,http,grpc,redis,faults,hotkey,tablesize,purge,sql", []time.Duration{0}, 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{jsonPath, chartPath} {
