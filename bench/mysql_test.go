@@ -197,22 +197,3 @@ func TestMySQLModelStatements(t *testing.T) {
 		}
 	}
 }
-
-// The cut proxy knows a COMMIT from other packets.
-func TestIsCommit(t *testing.T) {
-	for _, c := range []struct {
-		payload string
-		want    bool
-	}{
-		{"\x03COMMIT", true},
-		{"\x03commit ", true},
-		{"\x03COMMIT AND CHAIN", false},
-		{"\x03SELECT 'COMMIT'", false},
-		{"\x16COMMIT", false}, // a prepare
-		{"\x03", false},
-	} {
-		if got := isCommit([]byte(c.payload)); got != c.want {
-			t.Errorf("isCommit(%q) = %v, want %v", c.payload, got, c.want)
-		}
-	}
-}

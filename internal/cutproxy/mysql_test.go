@@ -23,6 +23,8 @@ func TestMySQLStreamFindsCommit(t *testing.T) {
 		{"a prepared COMMIT", mysqlPacket(0, "\x16COMMIT"), false},
 		{"COMMIT after another", append(mysqlPacket(0, "\x03SELECT 1"), mysqlPacket(0, "\x03COMMIT")...), true},
 		{"ROLLBACK", mysqlPacket(0, "\x03ROLLBACK"), false},
+		{"COMMIT AND CHAIN", mysqlPacket(0, "\x03COMMIT AND CHAIN"), false},
+		{"a bare COM_QUERY", mysqlPacket(0, "\x03"), false},
 	}
 	st := &mysqlStream{}
 	for _, s := range steps {
