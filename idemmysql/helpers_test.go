@@ -2,52 +2,23 @@ package idemmysql_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idemmysql"
+	"github.com/idemkit/idem/internal/mysqltest"
 )
-
-// mysqlEnv names the DSN of a MySQL or MariaDB server whose user may create
-// databases, e.g. root@tcp(127.0.0.1:3306)/test; each test creates a
-// database of its own there and drops it.
-const mysqlEnv = "TEST_MYSQL_DSN"
 
 // openDB returns a pool on a fresh database with idem's tables, whose DSN
 // carries params as well (e.g. "clientFoundRows=true").
 func openDB(t *testing.T, params ...string) *sql.DB {
 	t.Helper()
-	dsn := os.Getenv(mysqlEnv)
-	if dsn == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not set (.ci/run sets it)", mysqlEnv)
-		}
-		t.Skipf("%s is not set: point it at a MySQL or MariaDB server, e.g. %s='root@tcp(127.0.0.1:3306)/test'", mysqlEnv, mysqlEnv)
-	}
-	cfg, err := mysql.ParseDSN(dsn)
-	require.NoError(t, err)
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close() })
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idem_t_" + hex.EncodeToString(b)
+	cfg := mysqltest.Database(t, "idem_t_")
 	ctx := context.Background()
-	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := admin.ExecContext(context.Background(), "DROP DATABASE "+name)
-		require.NoError(t, err)
-	})
-	cfg.DBName = name
 	// The DSN's own session variables stay (the isolation matrix sets
 	// tx_isolation there); params add to them.
 	if cfg.Params == nil {
@@ -126,8 +97,7 @@ func deadlocks(t *testing.T, db *sql.DB) int {
 // dsnOf is TEST_MYSQL_DSN with database name (openDB's test has one).
 func dsnOf(t *testing.T, name string) string {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(os.Getenv(mysqlEnv))
-	require.NoError(t, err)
+	cfg := mysqltest.Server(t)
 	cfg.DBName = name
 	return cfg.FormatDSN()
 }

@@ -2,17 +2,14 @@ package idemotel_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
-	"os"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmysql"
+	"github.com/idemkit/idem/internal/mysqltest"
 )
 
 // openMySQL returns a pool on a fresh database of TEST_MYSQL_DSN's server
@@ -20,28 +17,7 @@ import (
 // the test skips, unless CI is set.
 func openMySQL(t *testing.T) *sql.DB {
 	t.Helper()
-	dsn := os.Getenv("TEST_MYSQL_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("TEST_MYSQL_DSN is not set (.ci/run sets it)")
-		}
-		t.Skip("TEST_MYSQL_DSN is not set: point it at a MySQL or MariaDB server, e.g. TEST_MYSQL_DSN='root@tcp(127.0.0.1:3306)/test'")
-	}
-	cfg, err := mysql.ParseDSN(dsn)
-	require.NoError(t, err)
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close() })
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idem_otel_" + hex.EncodeToString(b)
-	_, err = admin.Exec("CREATE DATABASE " + name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := admin.Exec("DROP DATABASE " + name)
-		require.NoError(t, err)
-	})
-	cfg.DBName = name
+	cfg := mysqltest.Database(t, "idem_otel_")
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })

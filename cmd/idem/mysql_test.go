@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -20,41 +17,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmysql"
+	"github.com/idemkit/idem/internal/mysqltest"
 )
-
-// mysqlEnv names the DSN of a MySQL or MariaDB server whose user may create
-// databases, e.g. root@tcp(127.0.0.1:3306)/test; each test creates a
-// database of its own there and drops it.
-const mysqlEnv = "TEST_MYSQL_DSN"
 
 // mysqlDatabase creates a fresh, empty database on the server of
 // TEST_MYSQL_DSN, dropped when the test ends, and returns a pool on it and
 // the settings that reach it.
 func mysqlDatabase(t *testing.T) (*sql.DB, *mysql.Config) {
 	t.Helper()
-	dsn := os.Getenv(mysqlEnv)
-	if dsn == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not set (.ci/run sets it)", mysqlEnv)
-		}
-		t.Skipf("%s is not set: point it at a MySQL or MariaDB server, e.g. %s='root@tcp(127.0.0.1:3306)/test'", mysqlEnv, mysqlEnv)
-	}
-	cfg, err := mysql.ParseDSN(dsn)
-	require.NoError(t, err)
-	cfg.DBName = ""
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close() })
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idem_cli_" + hex.EncodeToString(b)
-	_, err = admin.Exec("CREATE DATABASE " + name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := admin.Exec("DROP DATABASE IF EXISTS " + name)
-		require.NoError(t, err)
-	})
-	cfg.DBName = name
+	cfg := mysqltest.Database(t, "idem_cli_")
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
