@@ -354,37 +354,46 @@ func (s *server[TTx]) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	case err == nil, errors.As(err, &nr):
 		// The first answer goes out as the handler gave it.
 		return last.resp, last.err
+	default:
+		return nil, s.failure(ctx, err)
+	}
+}
+
+// failure is the status of a call that neither ran the handler to an
+// answer nor replayed one: what idem.Do's err means to the client.
+func (s *server[TTx]) failure(ctx context.Context, err error) error {
+	switch {
 	case errors.Is(err, errTooLarge), errors.Is(err, idem.ErrResultTooLarge):
-		return nil, answer(codes.Internal, ReasonResponseTooLarge,
+		return answer(codes.Internal, ReasonResponseTooLarge,
 			fmt.Sprintf("The response exceeds the %d bytes that can be recorded; nothing was recorded.", s.cfg.MaxResponseSize))
 	case errors.Is(err, errNotMessage):
-		return nil, answer(codes.Internal, ReasonInternal, "The handler's response is not a protobuf message; nothing was recorded.")
+		return answer(codes.Internal, ReasonInternal, "The handler's response is not a protobuf message; nothing was recorded.")
 	case errors.Is(err, errHandlerTxFailed):
-		return nil, answer(codes.Internal, ReasonHandlerTxFailed,
+		return answer(codes.Internal, ReasonHandlerTxFailed,
 			"A statement of the handler failed, so none of its writes committed, but the handler answered as if it had succeeded; nothing was recorded.")
 	case errors.Is(err, idem.ErrInProgress):
-		return nil, answer(codes.Aborted, ReasonInProgress,
+		return answer(codes.Aborted, ReasonInProgress,
 			"A call with this idempotency-key is still being processed; retry later with the same key.", s.cfg.RetryAfter)
 	case errors.Is(err, idem.ErrKeyReused):
-		return nil, answer(codes.FailedPrecondition, ReasonKeyReused, "This idempotency-key was used for a different request.")
+		return answer(codes.FailedPrecondition, ReasonKeyReused, "This idempotency-key was used for a different request.")
 	case errors.Is(err, idem.ErrTokenRejected):
-		return nil, answer(codes.InvalidArgument, ReasonTokenRejected, tokenDetail(err))
+		return answer(codes.InvalidArgument, ReasonTokenRejected, tokenDetail(err))
 	case errors.Is(err, idem.ErrInvalidKey):
-		return nil, answer(codes.InvalidArgument, ReasonKeyInvalid, "The idempotency-key is not a usable key: send 1 to 255 printable ASCII characters.")
+		return answer(codes.InvalidArgument, ReasonKeyInvalid, "The idempotency-key is not a usable key: send 1 to 255 printable ASCII characters.")
 	case errors.Is(err, idem.ErrHoldTimeout):
-		return nil, answer(codes.Unavailable, ReasonHoldTimeout,
+		return answer(codes.Unavailable, ReasonHoldTimeout,
 			"The call took longer than allowed and was rolled back; retry with the same idempotency-key.", time.Second)
 	case errors.Is(err, idem.ErrOutcomeUnknown):
-		return nil, answer(codes.Unavailable, ReasonOutcomeUnknown, "The outcome is unknown; retry with the same idempotency-key.", time.Second)
+		return answer(codes.Unavailable, ReasonOutcomeUnknown, "The outcome is unknown; retry with the same idempotency-key.", time.Second)
 	case idem.IsPermanent(err):
-		return nil, answer(codes.Internal, ReasonFailed, err.Error())
+		return answer(codes.Internal, ReasonFailed, err.Error())
 	case ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return status.FromContextError(ctx.Err()).Err()
 	case idem.IsRetryable(err):
-		return nil, answer(codes.Aborted, ReasonConflict,
+		return answer(codes.Aborted, ReasonConflict,
 			"The call's transaction conflicted with another and was rolled back; retry with the same idempotency-key.", s.cfg.RetryAfter)
 	default:
-		return nil, answer(codes.Internal, ReasonInternal, "The call could not be processed.")
+		return answer(codes.Internal, ReasonInternal, "The call could not be processed.")
 	}
 }
 
