@@ -230,11 +230,16 @@ func (c pgxOneConn) Acquire(context.Context) (protocol.Conn[pgx.Tx], func(), err
 // commitUnknown reports whether a failed batch or command that carried
 // COMMIT, on a connection that was open when it was sent, leaves the outcome
 // unknown. A server error, or a request that never left (a context done
-// beforehand), means nothing committed; any other failure leaves the
-// outcome unknown. "conn closed" is unknown too: it is what the rest of a
+// beforehand), means nothing committed, except the server ending the
+// session (57P01, 57P02: a switchover or shutdown stopping backends, which
+// was measured committing the COMMIT it was answering); any other failure
+// leaves the outcome unknown. "conn closed" is unknown too: it is what the rest of a
 // batch reports once a read failure closed the connection mid-batch. A
 // server error is recognised by its SQLSTATE from any driver.
 func commitUnknown(err error) bool {
+	if pgerr.SessionEnded(err) {
+		return true // the server ended the session: COMMIT may have run first
+	}
 	return !(pgerr.Code(err) != "" || errors.Is(err, pgx.ErrTxCommitRollback) ||
 		(pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)))
 }

@@ -51,6 +51,9 @@ var flavor = &sqldriver.Flavor{
 
 // commitUnknown reports that a failed COMMIT may have committed.
 func commitUnknown(err error) bool {
+	if pgerr.SessionEnded(err) {
+		return true // the server ended the session: COMMIT may have run first
+	}
 	// The server answered, or nothing was sent: nothing committed. (pgx
 	// reports "conn closed", safe to retry, for a connection that a failed
 	// read closed while COMMIT was in flight.) Otherwise the connection

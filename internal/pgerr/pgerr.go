@@ -15,6 +15,8 @@ const (
 	LockNotAvailable     = "55P03"
 	QueryCanceled        = "57014"
 	UndefinedTable       = "42P01"
+	AdminShutdown        = "57P01" // a shutdown, a switchover, pg_terminate_backend
+	CrashShutdown        = "57P02" // the postmaster died, or another backend crashed
 )
 
 // Code returns err's SQLSTATE, or "" when err carries none. It accepts any
@@ -26,4 +28,15 @@ func Code(err error) string {
 		return e.SQLState()
 	}
 	return ""
+}
+
+// SessionEnded reports that err is the server ending the session
+// (SQLSTATE 57P01 or 57P02, with severity FATAL): a shutdown or switchover
+// stopping its backends, a terminated backend, or the postmaster's death.
+// Unlike an ERROR, it does not say the statement in flight failed: a
+// COMMIT may have committed before the backend went, as a switchover was
+// measured to do.
+func SessionEnded(err error) bool {
+	c := Code(err)
+	return c == AdminShutdown || c == CrashShutdown
 }
