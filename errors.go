@@ -38,9 +38,9 @@ var (
 	// ErrOutcomeUnknown means the connection failed while COMMIT was in
 	// flight, or the server ended the session as it answered (SQLSTATE
 	// 57P01 or 57P02: a switchover or shutdown stopping its backends, which
-	// may commit first), so the transaction may or may not have committed. Calling Do
-	// again with the same key settles it: it replays the committed result, or
-	// runs fn once if nothing was committed.
+	// may commit first), so the transaction may or may not have committed.
+	// Calling Do again with the same key settles it: it replays the
+	// committed result, or runs fn once if nothing was committed.
 	ErrOutcomeUnknown = protocol.ErrOutcomeUnknown
 
 	// ErrHoldTimeout means the call held its key idle in its transaction
