@@ -24,8 +24,8 @@
 //	HA_DIR=/tmp/idem-ha integration/ha/cluster.sh status
 //	HA_DIR=/tmp/idem-ha integration/ha/cluster.sh down
 //
-// Patroni runs with synchronous_mode on (HA_SYNC=false turns it off for a
-// cluster started by hand), a leader lease of 10 s, a one-second loop and
+// Patroni runs with synchronous_mode on (-ha.sync=false turns it off, as
+// HA_SYNC=false does for a cluster started by hand), a leader lease of 10 s, a one-second loop and
 // primary_start_timeout 0, so that a killed postmaster is failed over at
 // once rather than restarted in place.
 //
@@ -45,5 +45,11 @@
 // every distinct error the callers saw, with counts. It also fails on an
 // error that Do reported as definite (nothing committed) when the same
 // request's retry then replayed while no other request had touched the
-// key: that attempt had committed after all.
+// key: that attempt had committed after all. Records and business rows
+// commit together, so it also fails on a record without its business row
+// or a row without its record. With -ha.sync=false acknowledged writes may
+// be lost in a failover: the soak counts them, checks that each loss is
+// whole, and retries each lost key, which must run once.
+//
+//	go test -tags ha -race -count=1 -v ./integration/ha -ha.duration 60s -ha.sync=false
 package ha
