@@ -7,9 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemmysql"
-	"github.com/idemkit/idem/idemsql"
-	"github.com/idemkit/idem/internal/handle"
+	"github.com/idemkit/idem/idemhttp"
 )
 
 // Driver is the database the server interceptor runs each call's
@@ -28,72 +26,44 @@ type Driver[TTx any] interface {
 }
 
 // Pgx is the Driver of a pgx database: a *pgxpool.Pool, a *pgx.Conn, or
-// another idem.TxBeginner. Handlers reach the call's transaction with Tx. A
-// nil db gives a nil Driver, which UnaryServerInterceptor refuses.
+// another idem.TxBeginner, idemhttp.Pgx's. Handlers reach the call's
+// transaction with Tx. A nil db gives a nil Driver, which
+// UnaryServerInterceptor refuses.
 func Pgx(db idem.TxBeginner) Driver[pgx.Tx] {
-	if handle.Missing(db) {
-		return nil
+	if d := idemhttp.Pgx(db); d != nil {
+		return d
 	}
-	return pgxDriver{db: db}
-}
-
-type pgxDriver struct{ db idem.TxBeginner }
-
-func (d pgxDriver) Do(ctx context.Context, key idem.Key, fn func(context.Context, pgx.Tx) ([]byte, error), opts ...idem.DoOption) (idem.Result[[]byte], error) {
-	return idem.Do(ctx, d.db, key, fn, opts...)
-}
-
-// Aborted asks tx's connection whether its transaction failed;
-// transactions without a Conn report false.
-func (pgxDriver) Aborted(tx pgx.Tx) bool {
-	c := tx.Conn()
-	return c != nil && c.PgConn().TxStatus() == 'E'
+	return nil
 }
 
 // SQL is the Driver of a PostgreSQL database through database/sql (pgx's
-// stdlib driver, or lib/pq): the handler's transaction is a *sql.Tx, which
-// it reaches with SQLTx. A nil db gives a nil Driver, which
+// stdlib driver, or lib/pq), idemhttp.SQL's: the handler's transaction is a
+// *sql.Tx, which it reaches with SQLTx. A nil db gives a nil Driver, which
 // UnaryServerInterceptor refuses.
 func SQL(db *sql.DB) Driver[*sql.Tx] {
-	if db == nil {
-		return nil
+	if d := idemhttp.SQL(db); d != nil {
+		return d
 	}
-	return sqlDriver{db: db}
+	return nil
 }
 
-type sqlDriver struct{ db *sql.DB }
-
-func (d sqlDriver) Do(ctx context.Context, key idem.Key, fn func(context.Context, *sql.Tx) ([]byte, error), opts ...idem.DoOption) (idem.Result[[]byte], error) {
-	return idemsql.Do(ctx, d.db, key, fn, opts...)
-}
-
-// Aborted reports false: a *sql.Tx does not say whether it failed.
-func (sqlDriver) Aborted(*sql.Tx) bool { return false }
-
-// MySQL is the Driver of a MySQL or MariaDB database (go-sql-driver/mysql):
-// the handler's transaction is a *sql.Tx, which it reaches with SQLTx. A
-// duplicate in flight is answered Aborted at once on MariaDB; on MySQL 8,
-// which idemmysql's no-wait claims do not serve, set Config.Wait. There is
-// no hold timeout (Config.HoldTimeout). A nil db gives a nil Driver, which
-// UnaryServerInterceptor refuses.
+// MySQL is the Driver of a MySQL or MariaDB database (go-sql-driver/mysql),
+// idemhttp.MySQL's: the handler's transaction is a *sql.Tx, which it
+// reaches with SQLTx. A duplicate in flight is answered Aborted at once on
+// MariaDB; on MySQL 8, which idemmysql's no-wait claims do not serve, set
+// Config.Wait. There is no hold timeout (Config.HoldTimeout). A nil db
+// gives a nil Driver, which UnaryServerInterceptor refuses.
 func MySQL(db *sql.DB) Driver[*sql.Tx] {
 	if db == nil {
 		return nil
 	}
-	return mysqlDriver{db: db}
+	return mysqlDriver{idemhttp.MySQL(db)}
 }
 
-type mysqlDriver struct{ db *sql.DB }
+// mysqlDriver is idemhttp's MySQL Driver, marked as having no hold timeout.
+type mysqlDriver struct{ Driver[*sql.Tx] }
 
-func (d mysqlDriver) Do(ctx context.Context, key idem.Key, fn func(context.Context, *sql.Tx) ([]byte, error), opts ...idem.DoOption) (idem.Result[[]byte], error) {
-	return idemmysql.Do(ctx, d.db, key, fn, opts...)
-}
-
-// Aborted reports false: a *sql.Tx does not say whether it failed, and a
-// failed statement leaves a MySQL transaction usable.
-func (mysqlDriver) Aborted(*sql.Tx) bool { return false }
-
-// noHoldTimeout: idemmysql has no hold timeout (Config.HoldTimeout).
+// noHoldTimeout: idemmysql's Driver sets no hold timeout (Config.HoldTimeout).
 func (mysqlDriver) noHoldTimeout() {}
 
 // unbounded is a Driver whose database has no hold timeout.
