@@ -67,6 +67,10 @@
 //	             pipelined, idemmysql.Do, a bare transaction, and that with one
 //	             and with two plain primary-key writes of the key's (the floor
 //	             under any record kept in the database)
+//	mysql-floor  on MySQL: a sign-up per operation from two plain writes of a
+//	             row of the key's (the baseline) up to idemmysql.Do, one piece of
+//	             the record at a time: its columns, its index on expires_at, its
+//	             own SQL by hand; the recipe as written for scale
 //	mysql-faults the faults suite on MySQL: the recipe as written against
 //	             idemmysql.Do, over connections cut right after COMMIT
 //
@@ -171,6 +175,7 @@ var suites = []suite{
 	{name: "sql", about: "database/sql through pgx's stdlib driver: idemsql.Do against a bare database/sql transaction running the same INSERT", setup: setupSQL, teardown: teardownSQL, variants: sqlVariants, newKeysOnly: true, bare: "bare database/sql"},
 	{name: "mysql-model", about: "MySQL: idemmysql.Do against its own statements by hand on database/sql, and a bare transaction", variants: mysqlModelVariants, newKeysOnly: true, bare: "bare", mysql: true},
 	{name: "mysql-recipe", about: "MySQL: a sign-up with a new token per operation: the Redis recipe as written, and pipelined, against idemmysql.Do, a bare transaction and the least a record in the database adds to it", setup: setupMySQLRecipe, variants: mysqlRecipeVariants, newKeysOnly: true, bare: "bare transaction", mysql: true},
+	{name: "mysql-floor", about: "MySQL: a sign-up with a new key per operation, from two plain writes of a row of the key's up to idemmysql.Do, one piece of the record at a time", setup: setupMySQLFloor, variants: mysqlFloorVariants, newKeysOnly: true, mysql: true},
 	{name: "mysql-faults", variants: []variant{{"redis recipe", mysqlRecipeAsWritten}}, custom: runMySQLFaultSuite, mysql: true},
 }
 
@@ -479,7 +484,7 @@ func run(workersFlag, suitesFlag string, rtts []time.Duration, rounds int, durat
 		}
 		withPG = withPG || !suites[i].mysql
 		withMySQL = withMySQL || suites[i].mysql
-		withRedis = withRedis || n == "redis" || n == "mysql-recipe"
+		withRedis = withRedis || n == "redis" || n == "mysql-recipe" || n == "mysql-floor"
 	}
 	var workerCounts []int
 	for _, w := range strings.Split(workersFlag, ",") {

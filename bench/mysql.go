@@ -122,6 +122,9 @@ func setupMySQL(ctx context.Context) (addr, version string, drop func(), err err
 		// least a row per key in the database can cost.
 		`CREATE TABLE keyed (scope VARBINARY(255) NOT NULL, idem_key VARBINARY(255) NOT NULL,
 			status VARCHAR(16) NOT NULL, PRIMARY KEY (scope, idem_key)) ENGINE = InnoDB`,
+		// The record table without its index on expires_at (mysql-floor).
+		"CREATE TABLE record_noidx LIKE `idempotent_record`",
+		"ALTER TABLE record_noidx DROP INDEX idempotent_record_expires_at_idx",
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			drop()
@@ -219,19 +222,30 @@ type mysqlStatements struct {
 	claim, claimRead, complete *sql.Stmt
 	insertOrder, insertSignup  *sql.Stmt
 	keyedInsert, keyedUpdate   *sql.Stmt
-	all                        []*sql.Stmt
+	// recordRow holds, by table, the plain INSERT and UPDATE of the
+	// mysql-floor suite's record rows.
+	recordRow map[string][2]*sql.Stmt
+	all       []*sql.Stmt
 }
 
 func prepareMySQL(ctx context.Context, db *sql.DB) (*mysqlStatements, error) {
-	st := &mysqlStatements{}
+	st := &mysqlStatements{recordRow: map[string][2]*sql.Stmt{}}
 	claim := myClaim
 	if mariaDB {
 		claim = myClaimReturning
 	}
+	var noIdx, idx [2]*sql.Stmt
+	defer func() {
+		st.recordRow["record_noidx"], st.recordRow["idempotent_record"] = noIdx, idx
+	}()
 	for _, p := range []struct {
 		dst   **sql.Stmt
 		query string
 	}{
+		{&noIdx[0], fmt.Sprintf(myRecordRowInsert, "record_noidx")},
+		{&noIdx[1], fmt.Sprintf(myRecordRowComplete, "record_noidx")},
+		{&idx[0], fmt.Sprintf(myRecordRowInsert, "idempotent_record")},
+		{&idx[1], fmt.Sprintf(myRecordRowComplete, "idempotent_record")},
 		{&st.claim, claim},
 		{&st.claimRead, myClaimRead},
 		{&st.complete, myComplete},
@@ -300,10 +314,16 @@ func bareMySQL(ctx context.Context, _ *pgxpool.Pool, _ idem.Key) error {
 }
 
 // sqlModelMySQL runs Do's statements for a new key, one after the other as
-// Do runs them, with no library logic: BEGIN, the claim (and on MySQL 8
-// its read), a check that the claim token read back is the one sent, the
-// INSERT, the completion with a check that it changed one row, COMMIT.
+// Do runs them, with no library logic, around the INSERT into orders.
 func sqlModelMySQL(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
+	return recordModelMySQL(ctx, key, insertOrderMySQL)
+}
+
+// recordModelMySQL runs Do's statements for a new key around fn by hand:
+// BEGIN, the claim (and on MySQL 8 its read), a check that the claim token
+// read back is the one sent, fn, the completion with a check that it
+// changed one row, COMMIT.
+func recordModelMySQL(ctx context.Context, key idem.Key, fn func(context.Context, *sql.Tx) (int64, error)) error {
 	token := make([]byte, 16)
 	_, _ = rand.Read(token)
 	return mysqlTx(ctx, mysqlDB, func(tx *sql.Tx) error {
@@ -329,7 +349,7 @@ func sqlModelMySQL(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
 		if !bytes.Equal(got, token) {
 			return errors.New("sql-model: a new key was not claimed")
 		}
-		id, err := insertOrderMySQL(ctx, tx)
+		id, err := fn(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -405,6 +425,16 @@ func keyedMySQL(update bool) func(ctx context.Context, _ *pgxpool.Pool, key idem
 	}
 }
 
+// doSignupMySQL is a sign-up through idemmysql.Do.
+func doSignupMySQL(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
+	user := signupUser.Add(1)
+	_, err := idemmysql.Do(ctx, mysqlDB, key, func(ctx context.Context, tx *sql.Tx) (map[string]any, error) {
+		id, err := insertSignupMySQL(ctx, tx, myStmts, user)
+		return map[string]any{"ok": true, "orderId": id}, err
+	})
+	return err
+}
+
 // mysqlRecipeVariants: the recipe as written first (the baseline), the
 // same with its three SETs pipelined, the sign-up through idemmysql.Do, a
 // bare transaction, and the bare transaction with one and two plain
@@ -416,14 +446,7 @@ var mysqlRecipeVariants = []variant{
 		user := signupUser.Add(1)
 		return runRecipe(ctx, signupMySQL(mysqlDB, myStmts, user), user, key.ID, false, nil)
 	}},
-	{"Do", func(ctx context.Context, _ *pgxpool.Pool, key idem.Key) error {
-		user := signupUser.Add(1)
-		_, err := idemmysql.Do(ctx, mysqlDB, key, func(ctx context.Context, tx *sql.Tx) (map[string]any, error) {
-			id, err := insertSignupMySQL(ctx, tx, myStmts, user)
-			return map[string]any{"ok": true, "orderId": id}, err
-		})
-		return err
-	}},
+	{"Do", doSignupMySQL},
 	{"bare transaction", func(ctx context.Context, _ *pgxpool.Pool, _ idem.Key) error {
 		_, err := signupMySQL(mysqlDB, myStmts, signupUser.Add(1))(ctx)
 		return err
