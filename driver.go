@@ -212,19 +212,56 @@ type pgxPool struct {
 	opts pgx.TxOptions
 }
 
-func (p pgxPool) Acquire(ctx context.Context) (protocol.Conn[pgx.Tx], func(), error) {
+func (p pgxPool) Acquire(ctx context.Context) (protocol.Conn[pgx.Tx], func(error) error, error) {
 	pc, err := p.pool.Acquire(ctx)
 	if err != nil {
+		if unavailable(err) {
+			return nil, nil, protocol.Unavailable(err)
+		}
 		return nil, nil, err
 	}
-	return pgxConn{conn: pc.Conn(), opts: p.opts}, pc.Release, nil
+	release := func(err error) error {
+		defer pc.Release() // the pool drops a closed connection
+		c := pc.Conn()
+		if err == nil || !(unavailable(err) || (c.IsClosed() && !contextError(err))) {
+			return err
+		}
+		if !c.IsClosed() {
+			// Alive but unusable for writes (a read-only server, say): closed
+			// so that the pool dials afresh rather than hand it out again.
+			cctx, cancel := protocol.CleanupContext(ctx)
+			_ = c.Close(cctx)
+			cancel()
+		}
+		return protocol.Unavailable(err)
+	}
+	return pgxConn{conn: pc.Conn(), opts: p.opts}, release, nil
 }
 
-// pgxOneConn is a *pgx.Conn as Do's Beginner.
+// pgxOneConn is a *pgx.Conn as Do's Beginner. Its attempts are never
+// marked unavailable: there is no other connection to retry on.
 type pgxOneConn pgxConn
 
-func (c pgxOneConn) Acquire(context.Context) (protocol.Conn[pgx.Tx], func(), error) {
-	return pgxConn(c), func() {}, nil
+func (c pgxOneConn) Acquire(context.Context) (protocol.Conn[pgx.Tx], func(error) error, error) {
+	return pgxConn(c), func(err error) error { return err }, nil
+}
+
+// unavailable reports that err says the server cannot serve writes on this
+// connection (pgerr.Unavailable), or that no connection could be made for
+// a reason other than the server refusing this client (a wrong password,
+// an unknown database): the address refused or timed out, or no host of
+// the DSN was a primary (target_session_attrs=read-write).
+func unavailable(err error) bool {
+	if code := pgerr.Code(err); code != "" {
+		return pgerr.Unavailable(err)
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) && !contextError(err)
+}
+
+// contextError reports that err comes from a context that ended.
+func contextError(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // commitUnknown reports whether a failed batch or command that carried

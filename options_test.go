@@ -26,7 +26,7 @@ func TestNewConfigDefaults(t *testing.T) {
 	require.Nil(t, cfg.Hooks)
 	require.False(t, cfg.NoWait)
 	require.False(t, cfg.RequireIssued)
-	require.Equal(t, protocol.Retry{MaxAttempts: 10, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond}, cfg.Retry)
+	require.Equal(t, protocol.Retry{MaxAttempts: 10, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond, Outage: 15 * time.Second}, cfg.Retry)
 }
 
 func TestNewConfigAppliesOptions(t *testing.T) {
@@ -50,7 +50,7 @@ func TestNewConfigAppliesOptions(t *testing.T) {
 	require.Equal(t, testCodec{}, cfg.Codec)
 	require.Equal(t, 4096, cfg.MaxResult)
 	// Zero fields of a policy take their defaults.
-	require.Equal(t, protocol.Retry{MaxAttempts: 1, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond}, cfg.Retry)
+	require.Equal(t, protocol.Retry{MaxAttempts: 1, BaseDelay: 2 * time.Millisecond, MaxDelay: 250 * time.Millisecond, Outage: 15 * time.Second}, cfg.Retry)
 	require.Equal(t, `"app"."keys"`, cfg.Q.Table)
 	require.Equal(t, `"app"."inbox"`, cfg.Inbox.Table)
 

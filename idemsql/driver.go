@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,9 +45,28 @@ var flavor = &sqldriver.Flavor{
 	Name:          "idemsql",
 	Errors:        sqlErrors{},
 	CommitUnknown: commitUnknown,
+	Unavailable:   unavailable,
 	TxOptions: func(opts any) (sql.TxOptions, string, error) {
 		return sqldriver.TxOptions("idemsql", opts, true)
 	},
+}
+
+// unavailable reports that an attempt failed because the database could
+// not serve it: the server said so (pgerr.Unavailable), or no connection
+// could be made (pgx's connect error, or a failed dial through lib/pq).
+// database/sql's driver.ErrBadConn is not enough: lib/pq answers it for a
+// session the server ended for any reason, the hold timeout's among them,
+// without saying which.
+func unavailable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if pgerr.Code(err) != "" {
+		return pgerr.Unavailable(err)
+	}
+	var ce *pgconn.ConnectError
+	var oe *net.OpError
+	return errors.As(err, &ce) || (errors.As(err, &oe) && oe.Op == "dial")
 }
 
 // commitUnknown reports that a failed COMMIT may have committed.

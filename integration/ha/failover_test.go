@@ -32,7 +32,8 @@ import (
 var (
 	duration  = flag.Duration("ha.duration", 30*time.Second, "how long workers send new requests at least (the failovers may stretch it)")
 	failovers = flag.Int("ha.failovers", 3, "how many times the primary is failed over, cycling through postmaster kill, node crash and switchover")
-	workerN   = flag.Int("ha.workers", 8, "concurrent workers calling idem.Do")
+	workerN   = flag.Int("ha.workers", 8, "concurrent workers, spread over the ways of calling idem (modes)")
+	kindsFlag = flag.String("ha.kinds", "kill-primary,crash-primary,switchover", "the failover kinds the soak cycles through, as cluster.sh names them")
 	syncMode  = flag.Bool("ha.sync", true, "Patroni's synchronous_mode; with false, acknowledged writes may be lost in a failover, and the soak checks that each loss is whole and that a retry of a lost key runs it once")
 )
 
@@ -40,9 +41,9 @@ var (
 // up on it; a node crash keeps writes away for about the leader lease (10 s).
 const settleBudget = 60 * time.Second
 
-// kinds are the ways the primary is failed over, in the order the soak
-// cycles through them, as cluster.sh names them.
-var kinds = []string{"kill-primary", "crash-primary", "switchover"}
+// leaseFor is the lease of the lease-mode workers: short, so that a
+// holder cut off by a failover is taken over within the run.
+const leaseFor = time.Second
 
 const effectsTable = "ha_effects"
 
@@ -69,7 +70,8 @@ func TestFailoverSoak(t *testing.T) {
 	require.NoError(t, err)
 
 	book := &ledger{requested: map[string]bool{}, acked: map[string]string{}, errs: map[string]int{},
-		inflight: map[string]int{}, starts: map[string]int{}}
+		inflight: map[string]int{}, starts: map[string]int{}, byMode: map[string]int{},
+		fence: fenceBook{claims: map[string][]claimed{}, accepted: map[string]int32{}}, pool: pool}
 	fn := func(key idem.Key) func(context.Context, pgx.Tx) (string, error) {
 		return func(ctx context.Context, tx pgx.Tx) (string, error) {
 			v := fmt.Sprintf("%016x", rand.Uint64())
@@ -78,14 +80,16 @@ func TestFailoverSoak(t *testing.T) {
 		}
 	}
 
+	kinds := strings.Split(*kindsFlag, ",")
+	modes := newModes(t, pool, fn, book)
 	start := time.Now()
 	var stop atomic.Bool
-	var issued atomic.Int64
 	var wg sync.WaitGroup
-	for range *workerN {
+	for i := range *workerN {
+		m := modes[i%len(modes)]
 		wg.Go(func() {
 			for !stop.Load() {
-				request(pool, pickKey(&issued), fn, book)
+				request(m, pickKey(m), book)
 			}
 		})
 	}
@@ -103,6 +107,7 @@ func TestFailoverSoak(t *testing.T) {
 	time.Sleep(max(time.Until(start.Add(*duration)), 2*time.Second))
 	stop.Store(true)
 	wg.Wait()
+	book.rivals.Wait()
 	elapsed := time.Since(start)
 
 	r := check(t, pool, book)
@@ -117,7 +122,9 @@ func TestFailoverSoak(t *testing.T) {
 	t.Logf("run: %s, %d workers, failovers by kind %v:\n%s", elapsed.Round(time.Millisecond), *workerN, byKind, strings.Join(lines, "\n"))
 	t.Logf("write outage callers saw: longest gap without an acknowledgement %s", longestGap(acks).Round(time.Millisecond))
 	t.Logf("checker (on the final primary, pg%d):\n%s", c.primary(t), r)
-	t.Logf("errors callers got from idem.Do, by count:\n%s", book.errorTable())
+	t.Logf("requests acknowledged by mode: %v", book.ackedByMode())
+	t.Logf("errors callers got, by mode and count:\n%s", book.errorTable())
+	t.Logf("lease mode: %s", book.fence.String())
 	t.Logf("definite (not ErrOutcomeUnknown) failures whose attempt had in fact committed: %d %v", len(book.committedAnyway), book.committedAnyway)
 
 	require.Len(t, events, *failovers, "failovers done")
@@ -145,6 +152,14 @@ func TestFailoverSoak(t *testing.T) {
 	require.Empty(t, book.conflicts, "a key acknowledged with two values")
 	require.Empty(t, book.gaveUp, "requests never acknowledged within %s", settleBudget)
 	require.Empty(t, book.committedAnyway, "a failure idem reported as definite had committed")
+	// Do rides out the failovers: its callers (and the middleware's) see
+	// nothing but ErrOutcomeUnknown, which a retry settles.
+	require.Empty(t, book.doErrors(), "errors other than ErrOutcomeUnknown from Do")
+	require.Empty(t, book.fence.broken, "a holder completed after a later attempt was claimed")
+	if *syncMode {
+		require.Empty(t, book.fence.backwards, "a fencing token went backwards")
+	}
+	require.Empty(t, book.fence.refusedCompleted, "a holder the downstream fenced out completed")
 }
 
 // requirePackages skips the test when Patroni, etcd or PostgreSQL 15 is
@@ -291,17 +306,25 @@ func (c *cluster) failOver(t *testing.T, cmd string) failover {
 	return f
 }
 
-// pickKey returns a new key about two times in three and otherwise one of
-// the last 40, so some requests repeat an acknowledged key (which must
-// replay, across failovers too) and some race another worker for one.
-func pickKey(issued *atomic.Int64) idem.Key {
-	n := issued.Load()
+// pickKey returns a new key of m's about two times in three and otherwise
+// one of its last 40, so some requests repeat an acknowledged key (which
+// must replay, across failovers too) and some race another worker for one.
+// A key's ID starts with its mode's name.
+func pickKey(m *mode) idem.Key {
+	n := m.issued.Load()
 	if n == 0 || rand.IntN(3) != 0 {
-		n = issued.Add(1)
-		return idem.Key{Scope: "ha", ID: fmt.Sprintf("k%d", n)}
+		n = m.issued.Add(1)
+	} else {
+		lo := max(1, n-40)
+		n = lo + rand.Int64N(n-lo+1)
 	}
-	lo := max(1, n-40)
-	return idem.Key{Scope: "ha", ID: fmt.Sprintf("k%d", lo+rand.Int64N(n-lo+1))}
+	return idem.Key{Scope: "ha", ID: fmt.Sprintf("%s-%d", m.name, n)}
+}
+
+// modeOf is the name of the mode whose key key is.
+func modeOf(key idem.Key) string {
+	name, _, _ := strings.Cut(key.ID, "-")
+	return name
 }
 
 // ledger is what the clients were told.
@@ -314,7 +337,11 @@ type ledger struct {
 	gaveUp    []string
 	settled   int            // ambiguous answers followed by an acknowledgement
 	ambiguous int            // ambiguous answers in all
-	errs      map[string]int // normalised error text, by count
+	errs      map[string]int // mode and normalised error text, by count
+	byMode    map[string]int // acknowledged keys by mode
+	fence     fenceBook
+	pool      *pgxpool.Pool  // for the lease mode's stalled holders' rivals
+	rivals    sync.WaitGroup // those rivals' requests
 	attempts  int
 	// inflight counts the requests running per key, starts the requests
 	// ever started per key; committedAnyway lists definite failures that
@@ -342,6 +369,7 @@ func (l *ledger) ack(key idem.Key, value string, ambiguous int) {
 	}
 	if _, ok := l.acked[key.ID]; !ok {
 		l.acked[key.ID] = value
+		l.byMode[modeOf(key)]++
 	}
 	l.settled += ambiguous
 }
@@ -354,7 +382,7 @@ func (l *ledger) fail(key idem.Key, err error) *suspect {
 	defer l.mu.Unlock()
 	l.attempts++
 	msg := describe(err)
-	l.errs[msg]++
+	l.errs[modeOf(key)+" "+msg]++
 	if errors.Is(err, idem.ErrOutcomeUnknown) {
 		l.ambiguous++
 		return nil
@@ -445,6 +473,12 @@ func describe(err error) string {
 	if errors.Is(err, idem.ErrInProgress) {
 		class = append(class, "ErrInProgress")
 	}
+	if errors.Is(err, idem.ErrLeaseLost) {
+		class = append(class, "ErrLeaseLost")
+	}
+	if errors.Is(err, errFenced) {
+		class = append(class, "fenced")
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		class = append(class, "deadline")
 	}
@@ -468,7 +502,7 @@ func describe(err error) string {
 
 // request sends one request and retries it with the same key until it is
 // acknowledged or settleBudget runs out.
-func request(pool *pgxpool.Pool, key idem.Key, fn func(idem.Key) func(context.Context, pgx.Tx) (string, error), book *ledger) {
+func request(m *mode, key idem.Key, book *ledger) {
 	book.begin(key)
 	defer book.end(key)
 	deadline := time.Now().Add(settleBudget)
@@ -478,19 +512,21 @@ func request(pool *pgxpool.Pool, key idem.Key, fn func(idem.Key) func(context.Co
 	var suspected []*suspect
 	sawAmbiguous := false
 	for attempt := 0; time.Now().Before(deadline); attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		res, err := idem.Do(ctx, pool, key, fn(key))
+		// Longer than Do's own retries through an outage (RetryPolicy.Outage).
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		value, replayed, err := m.call(ctx, key)
 		cancel()
 		if err == nil {
-			if res.Replayed && len(suspected) > 0 && !sawAmbiguous {
+			if replayed && len(suspected) > 0 && !sawAmbiguous {
 				book.replayed(key, suspected)
 			}
-			book.ack(key, res.Value, ambiguous)
+			book.ack(key, value, ambiguous)
 			return
 		}
 		var ce *pgconn.ConnectError
-		if s := book.fail(key, err); errors.As(err, &ce) {
-			// Nothing was sent: it cannot have committed.
+		if s := book.fail(key, err); errors.As(err, &ce) || errors.Is(err, idem.ErrInProgress) || errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, errFenced) {
+			// Nothing was sent, another request holds the key, or this
+			// one was fenced out: it cannot have committed.
 		} else if s != nil {
 			suspected = append(suspected, s)
 		} else if errors.Is(err, idem.ErrOutcomeUnknown) {

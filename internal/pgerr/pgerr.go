@@ -17,6 +17,8 @@ const (
 	UndefinedTable       = "42P01"
 	AdminShutdown        = "57P01" // a shutdown, a switchover, pg_terminate_backend
 	CrashShutdown        = "57P02" // the postmaster died, or another backend crashed
+	CannotConnectNow     = "57P03" // the server is starting up, shutting down or recovering
+	ReadOnlyTransaction  = "25006" // a write on a standby, or on a primary set read-only
 )
 
 // Code returns err's SQLSTATE, or "" when err carries none. It accepts any
@@ -39,4 +41,16 @@ func Code(err error) string {
 func SessionEnded(err error) bool {
 	c := Code(err)
 	return c == AdminShutdown || c == CrashShutdown
+}
+
+// Unavailable reports that err is the server saying it cannot serve this
+// session's writes: it ended the session (SessionEnded), it is not
+// accepting connections yet or any more (57P03), it is read-only (25006: a
+// standby, or a primary being demoted), or the connection failed (class 08).
+// Another connection, to the same address or another host of the DSN, may
+// succeed once a failover or restart is over.
+func Unavailable(err error) bool {
+	c := Code(err)
+	return c == AdminShutdown || c == CrashShutdown || c == CannotConnectNow ||
+		c == ReadOnlyTransaction || (len(c) == 5 && c[:2] == "08")
 }

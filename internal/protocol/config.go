@@ -43,6 +43,7 @@ type Retry struct {
 	MaxAttempts int
 	BaseDelay   time.Duration
 	MaxDelay    time.Duration
+	Outage      time.Duration
 }
 
 // The defaults of a zero Retry.
@@ -50,9 +51,10 @@ const (
 	DefaultMaxAttempts = 10
 	DefaultBaseDelay   = 2 * time.Millisecond
 	DefaultMaxDelay    = 250 * time.Millisecond
+	DefaultOutage      = 15 * time.Second
 )
 
-// Valid reports whether no value is negative.
+// Valid reports whether no value is negative but Outage, which may be.
 func (p Retry) Valid() bool {
 	return p.MaxAttempts >= 0 && p.BaseDelay >= 0 && p.MaxDelay >= 0
 }
@@ -67,6 +69,9 @@ func (p Retry) WithDefaults() Retry {
 	}
 	if p.MaxDelay == 0 {
 		p.MaxDelay = DefaultMaxDelay
+	}
+	if p.Outage == 0 {
+		p.Outage = DefaultOutage
 	}
 	return p
 }

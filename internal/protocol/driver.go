@@ -98,8 +98,13 @@ type Conn[TTx any] interface {
 
 // Beginner is what Do works on: a pool, a connection or a database.
 type Beginner[TTx any] interface {
-	// Acquire returns the Conn of one attempt and what gives it back.
-	Acquire(ctx context.Context) (Conn[TTx], func(), error)
+	// Acquire returns the Conn of one attempt and release, which gives it
+	// back once the attempt ended with err (nil when it succeeded) and
+	// returns err, marked with Unavailable when err left the connection
+	// unusable and another attempt on a fresh one may succeed: release then
+	// drops the connection rather than reuse it. A failure to acquire one
+	// is marked the same way when the database was unreachable.
+	Acquire(ctx context.Context) (conn Conn[TTx], release func(err error) error, _ error)
 }
 
 // Errors classifies a driver's errors for the protocol.

@@ -185,3 +185,34 @@ type NotSentError struct{ Err error }
 func (e *NotSentError) Error() string { return e.Err.Error() }
 
 func (e *NotSentError) Unwrap() error { return e.Err }
+
+// Unavailable marks err as a failure of an attempt of Do that committed
+// nothing because the database was unavailable (unreachable, not the
+// primary, or ending the session): Do runs another attempt on a fresh
+// connection while Retry.Outage allows. A commit whose outcome is unknown is
+// never marked: it may have committed.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrOutcomeUnknown) {
+		return err
+	}
+	var u *unavailableError
+	if errors.As(err, &u) {
+		return err
+	}
+	return &unavailableError{err: err}
+}
+
+// unavailableError is Unavailable's mark. Do returns the error it carries,
+// never the mark itself.
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return e.err.Error() }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// unmark returns err without Unavailable's mark, and whether it had one.
+func unmark(err error) (error, bool) {
+	if u, ok := err.(*unavailableError); ok {
+		return u.err, true
+	}
+	return err, false
+}

@@ -140,19 +140,47 @@ func Do[TTx, T any](ctx context.Context, e Errors, db Beginner[TTx], key Key, fn
 }
 
 // Retried makes the attempts of a Do: it reports each attempt's outcome as
-// an event, and runs attempt again after a serialization failure or a
-// deadlock, with the backoff of c.Retry, while retry is set and attempts
-// are left. An error that a done ctx caused matches ctx.Err().
+// an event, and runs attempt again, while retry is set, after a
+// serialization failure or a deadlock, with the backoff of c.Retry while
+// attempts are left, and after an attempt marked Unavailable while
+// c.Retry.Outage allows, counted from the first such failure in a row. An
+// error that a done ctx caused matches ctx.Err().
 func Retried[T any](ctx context.Context, e Errors, key Key, c *Config, retry bool, attempt func() (T, bool, error)) (v T, replayed bool, err error) {
 	start := time.Now()
-	for n := 1; ; n++ {
+	var outage time.Time // when the current run of unavailable attempts began
+	for n, down := 1, 0; ; {
 		v, replayed, err = attempt()
+		var unavailable bool
+		err, unavailable = unmark(err)
 		c.Report(ctx, c.Op, key, start, replayed, err)
 		err = c.HoldError(err)
-		if err == nil || !retry || !e.Retryable(err) || n >= c.Retry.MaxAttempts {
+		if errors.Is(err, ErrHoldTimeout) {
+			// The server ended the session because fn held the key too
+			// long: running fn again would hold it as long.
+			unavailable = false
+		}
+		if err == nil || !retry || ctx.Err() != nil {
 			return v, replayed, WithContextErr(ctx, err)
 		}
-		if err := backoff.Sleep(ctx, c.Retry.Backoff(n)); err != nil {
+		var wait time.Duration
+		switch {
+		case unavailable && c.Retry.Outage > 0:
+			if down == 0 {
+				outage = time.Now()
+			}
+			down++
+			wait = c.Retry.Backoff(down)
+			if time.Since(outage)+wait > c.Retry.Outage {
+				return v, replayed, err
+			}
+		case !unavailable && e.Retryable(err) && n < c.Retry.MaxAttempts:
+			down = 0
+			wait = c.Retry.Backoff(n)
+			n++
+		default:
+			return v, replayed, WithContextErr(ctx, err)
+		}
+		if err := backoff.Sleep(ctx, wait); err != nil {
 			return v, false, err
 		}
 	}
@@ -164,9 +192,12 @@ func doOnce[TTx, T any](ctx context.Context, e Errors, db Beginner[TTx], key Key
 	var zero T
 	conn, release, err := db.Acquire(ctx)
 	if err != nil {
+		if u, down := unmark(err); down {
+			return zero, false, Unavailable(ClosedHandle(c.Op, u, e.Closed))
+		}
 		return zero, false, ClosedHandle(c.Op, err, e.Closed)
 	}
-	defer release()
+	defer func() { err = release(err) }()
 	s := &own[TTx]{conn: conn, e: e, cfg: c, key: key}
 	defer s.end(ctx) // every path that does not commit ends the transaction
 	for {

@@ -31,6 +31,10 @@ type Flavor struct {
 	// committed: the connection failed, or the context ended, with COMMIT
 	// in flight.
 	CommitUnknown func(err error) bool
+	// Unavailable, when set, reports that an attempt of Do that failed with
+	// err (before any COMMIT whose outcome is unknown) found the database
+	// unavailable, so that Do retries it (protocol.Unavailable).
+	Unavailable func(err error) bool
 	// Aborted reports an error with which the server rolled the whole
 	// transaction back (MySQL's deadlock): nil where none does. Once a
 	// statement of a transaction failed so, the driver runs no other on it
@@ -449,8 +453,15 @@ func (c Conn) Begin(ctx context.Context, stmts ...protocol.Stmt) (protocol.Own[*
 
 // Acquire returns the database itself: database/sql picks a connection for
 // each transaction.
-func (c Conn) Acquire(context.Context) (protocol.Conn[*sql.Tx], func(), error) {
-	return c, func() {}, nil
+// An attempt's error is marked unavailable when the flavor's Unavailable
+// says so; database/sql drops a connection its driver reported bad.
+func (c Conn) Acquire(context.Context) (protocol.Conn[*sql.Tx], func(error) error, error) {
+	return c, func(err error) error {
+		if err != nil && c.f.Unavailable != nil && c.f.Unavailable(err) {
+			return protocol.Unavailable(err)
+		}
+		return err
+	}, nil
 }
 
 // Querier is db to the protocol: the caller's transaction when db is a
