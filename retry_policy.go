@@ -34,7 +34,7 @@ type RetryPolicy struct {
 	// whose answer was lost is never retried: it is ErrOutcomeUnknown, since
 	// it may have committed. Purge ignores Outage, and Do on a *pgx.Conn or a
 	// pgx.Tx, which has no other connection to retry on, does not retry
-	// these.
+	// these, nor does idemmysql.Do.
 	Outage time.Duration
 }
 

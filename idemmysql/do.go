@@ -14,7 +14,7 @@ import (
 // gives a duplicate the first result back (Result.Replayed). fn receives
 // the *sql.Tx and must not commit or roll it back.
 //
-// It retries, with idem.WithRetryPolicy's backoff, an attempt that the
+// It retries, with idem.WithRetry's backoff, an attempt that the
 // server rolled back as a whole: when a key's first execution rolls back
 // while duplicates wait for it, InnoDB ends all but one of them with a
 // deadlock, and the retries end in a replay or in a single run of fn. A ctx

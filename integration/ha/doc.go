@@ -1,7 +1,8 @@
 // Package ha holds idem's failover soak, a test that runs only with the
 // build tag "ha": it starts a PostgreSQL 15 cluster of its own, three
 // members managed by Patroni with one etcd, all on loopback, and fails its
-// primary over while workers write through idem.Do. Run it from the
+// primary over while workers write through idem.Do, idem.WithIdempotency in
+// transactions of their own, the HTTP middleware and lease mode. Run it from the
 // repository's root, as an ordinary user or as root (PostgreSQL refuses to
 // run as root, so Patroni then runs as the postgres OS user):
 //
@@ -30,8 +31,9 @@
 // once rather than restarted in place.
 //
 // The workers connect with one multi-host connection string
-// (target_session_attrs=read-write, every member, connect_timeout=2) and
-// send requests whose keys partly repeat, retrying each with the same key
+// (target_session_attrs=read-write, every member, connect_timeout=2), two
+// per mode (-ha.workers spreads them), and send requests whose keys partly
+// repeat, retrying each with the same key
 // until it is acknowledged, as a real client would. Meanwhile the test
 // fails the primary over -ha.failovers times, cycling through a kill -9 of
 // the primary's postmaster (Patroni lives on and promotes the synchronous
@@ -49,7 +51,15 @@
 // commit together, so it also fails on a record without its business row
 // or a row without its record. With -ha.sync=false acknowledged writes may
 // be lost in a failover: the soak counts them, checks that each loss is
-// whole, and retries each lost key, which must run once.
+// whole, and retries each lost key, which must run once. Callers of Do
+// and of the middleware must see no error but idem.ErrOutcomeUnknown (Do
+// retries the rest on a fresh connection, idem.RetryPolicy.Outage). In
+// lease mode, a downstream service refuses fencing tokens below one it has
+// seen, one holder in twenty stalls past its one-second lease while
+// another request of its key arrives, and the soak fails if a holder of
+// attempt n completes after attempt n+1 was claimed, or (synchronous mode)
+// if a key's claimed attempts ever go down. -ha.kinds picks the failover
+// kinds to cycle through.
 //
 //	go test -tags ha -race -count=1 -v ./integration/ha -ha.duration 60s -ha.sync=false
 package ha

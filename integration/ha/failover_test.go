@@ -143,13 +143,30 @@ func TestFailoverSoak(t *testing.T) {
 	} else {
 		// Asynchronous replication may lose acknowledged commits: a
 		// client's retry of such a key finds no record and runs it once.
+		// Some were retried during the run already (a later request of
+		// the key ran it again, once, and was acknowledged with the new
+		// value: rerun); the rest are retried now.
 		reran := retryLost(t, pool, r.lost, fn)
-		t.Logf("asynchronous mode: %d acknowledged writes lost in the failovers; retried with the same key, %d ran again and now have one effect each", len(r.lost), reran)
+		t.Logf("asynchronous mode: %d acknowledged writes lost in the failovers: %d run again, once each, by a later request of the key during the run; "+
+			"of the other %d, retried now with the same key, %d ran again and now have one effect each", len(r.lost)+len(r.rerun), len(r.rerun), len(r.lost), reran)
 		require.Equal(t, len(r.lost), reran, "a retry of each lost key runs it")
 	}
 	require.Empty(t, r.duplicates, "duplicate effects")
 	require.Empty(t, r.unexpected, "unexpected effects")
-	require.Empty(t, book.conflicts, "a key acknowledged with two values")
+	// A key acknowledged with two values had its first acknowledged write
+	// lost (asynchronous mode only): each must be a rerun the checker saw.
+	rerun := map[string]bool{}
+	for _, x := range r.rerun {
+		id, _, _ := strings.Cut(x, " ")
+		rerun[id] = true
+	}
+	var conflicts []string
+	for _, c := range book.conflicts {
+		if id, _, _ := strings.Cut(c, ":"); *syncMode || !rerun[id] {
+			conflicts = append(conflicts, c)
+		}
+	}
+	require.Empty(t, conflicts, "a key acknowledged with two values (other than a lost write run again, in asynchronous mode)")
 	require.Empty(t, book.gaveUp, "requests never acknowledged within %s", settleBudget)
 	require.Empty(t, book.committedAnyway, "a failure idem reported as definite had committed")
 	// Do rides out the failovers: its callers (and the middleware's) see

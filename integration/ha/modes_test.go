@@ -120,8 +120,9 @@ var errFenced = errors.New("downstream: fenced out (a later attempt was seen)")
 // leaseCall is one request in lease mode: Claim the key with a short
 // lease, call the downstream service with the fencing token, then write
 // the business row and Complete in one transaction. One holder in twenty
-// stalls past its lease before completing, so that another request takes
-// the key over and the stalled one is fenced out.
+// stalls past its lease before its call, so that another request takes
+// the key over and the stalled one is fenced out, by the downstream
+// service or by Complete.
 func leaseCall(ctx context.Context, pool *pgxpool.Pool, key idem.Key, book *ledger) (string, bool, error) {
 	l, res, err := idem.Claim[string](ctx, pool, key, leaseFor)
 	if err != nil {
@@ -132,13 +133,14 @@ func leaseCall(ctx context.Context, pool *pgxpool.Pool, key idem.Key, book *ledg
 	}
 	attempt := l.Attempt()
 	book.fence.claim(key.ID, attempt)
-	if !book.fence.accept(key.ID, attempt) {
-		return "", false, errFenced
-	}
 	if rand.IntN(20) == 0 {
-		// Stalled: a second client of the key arrives meanwhile.
+		// Stalled before its call: a second client of the key arrives
+		// meanwhile, and takes the key over once the lease has run out.
 		book.rivals.Go(func() { request(leaseMode(book), key, book) })
 		time.Sleep(leaseFor + 300*time.Millisecond)
+	}
+	if !book.fence.accept(key.ID, attempt) {
+		return "", false, errFenced
 	}
 	v := fmt.Sprintf("%016x", rand.Uint64())
 	tx, err := pool.Begin(ctx)
