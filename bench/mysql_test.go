@@ -95,7 +95,7 @@ func TestBenchMySQLSmoke(t *testing.T) {
 	jsonPath = filepath.Join(t.TempDir(), "results.json")
 	t.Cleanup(func() { jsonPath, results = "", nil })
 	const rtt = 2 * time.Millisecond
-	if err := run("2", "mysql-model,mysql-recipe,mysql-faults", []time.Duration{0, rtt}, 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
+	if err := run("2", "mysql-model,mysql-recipe,mysql-floor,mysql-faults", []time.Duration{0, rtt}, 1, 200*time.Millisecond, 50*time.Millisecond, out); err != nil {
 		t.Fatal(err)
 	}
 	if databaseExists(t, mysqlDatabase) {
