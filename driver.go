@@ -215,7 +215,7 @@ type pgxPool struct {
 func (p pgxPool) Acquire(ctx context.Context) (protocol.Conn[pgx.Tx], func(error) error, error) {
 	pc, err := p.pool.Acquire(ctx)
 	if err != nil {
-		if unavailable(err) {
+		if pgerr.CannotServe(err) {
 			return nil, nil, protocol.Unavailable(err)
 		}
 		return nil, nil, err
@@ -223,7 +223,8 @@ func (p pgxPool) Acquire(ctx context.Context) (protocol.Conn[pgx.Tx], func(error
 	release := func(err error) error {
 		defer pc.Release() // the pool drops a closed connection
 		c := pc.Conn()
-		if err == nil || !(unavailable(err) || (c.IsClosed() && !contextError(err))) {
+		lost := c.IsClosed() && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+		if err == nil || !(pgerr.CannotServe(err) || lost) {
 			return err
 		}
 		if !c.IsClosed() {
@@ -244,24 +245,6 @@ type pgxOneConn pgxConn
 
 func (c pgxOneConn) Acquire(context.Context) (protocol.Conn[pgx.Tx], func(error) error, error) {
 	return pgxConn(c), func(err error) error { return err }, nil
-}
-
-// unavailable reports that err says the server cannot serve writes on this
-// connection (pgerr.Unavailable), or that no connection could be made for
-// a reason other than the server refusing this client (a wrong password,
-// an unknown database): the address refused or timed out, or no host of
-// the DSN was a primary (target_session_attrs=read-write).
-func unavailable(err error) bool {
-	if code := pgerr.Code(err); code != "" {
-		return pgerr.Unavailable(err)
-	}
-	var ce *pgconn.ConnectError
-	return errors.As(err, &ce) && !contextError(err)
-}
-
-// contextError reports that err comes from a context that ended.
-func contextError(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // commitUnknown reports whether a failed batch or command that carried

@@ -235,9 +235,6 @@ func prepareMySQL(ctx context.Context, db *sql.DB) (*mysqlStatements, error) {
 		claim = myClaimReturning
 	}
 	var noIdx, idx [2]*sql.Stmt
-	defer func() {
-		st.recordRow["record_noidx"], st.recordRow["idempotent_record"] = noIdx, idx
-	}()
 	for _, p := range []struct {
 		dst   **sql.Stmt
 		query string
@@ -262,6 +259,7 @@ func prepareMySQL(ctx context.Context, db *sql.DB) (*mysqlStatements, error) {
 		*p.dst = s
 		st.all = append(st.all, s)
 	}
+	st.recordRow["record_noidx"], st.recordRow["idempotent_record"] = noIdx, idx
 	return st, nil
 }
 

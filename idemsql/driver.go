@@ -52,21 +52,14 @@ var flavor = &sqldriver.Flavor{
 }
 
 // unavailable reports that an attempt failed because the database could
-// not serve it: the server said so (pgerr.Unavailable), or no connection
-// could be made (pgx's connect error, or a failed dial through lib/pq).
+// not serve it (pgerr.CannotServe), or that a dial failed through lib/pq.
 // database/sql's driver.ErrBadConn is not enough: lib/pq answers it for a
 // session the server ended for any reason, the hold timeout's among them,
 // without saying which.
 func unavailable(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	if pgerr.Code(err) != "" {
-		return pgerr.Unavailable(err)
-	}
-	var ce *pgconn.ConnectError
 	var oe *net.OpError
-	return errors.As(err, &ce) || (errors.As(err, &oe) && oe.Op == "dial")
+	return pgerr.CannotServe(err) || (errors.As(err, &oe) && oe.Op == "dial" &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded))
 }
 
 // commitUnknown reports that a failed COMMIT may have committed.

@@ -29,8 +29,8 @@ import (
 
 // terminateOnFirstRun is an fn that, on its first run, has its own backend
 // terminated (as a switchover or a shutdown does: FATAL 57P01) before it
-// writes its effect.
-func terminateOnFirstRun(t *testing.T, s *pgtest.Schema, runs *atomic.Int64) func(context.Context, pgx.Tx) (string, error) {
+// writes key's effect.
+func terminateOnFirstRun(t *testing.T, s *pgtest.Schema, key idem.Key, runs *atomic.Int64) func(context.Context, pgx.Tx) (string, error) {
 	return func(ctx context.Context, tx pgx.Tx) (string, error) {
 		if runs.Add(1) == 1 {
 			var pid int
@@ -38,7 +38,7 @@ func terminateOnFirstRun(t *testing.T, s *pgtest.Schema, runs *atomic.Int64) fun
 			_, err := pgtest.Direct(t).Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
 			require.NoError(t, err)
 		}
-		return "done", s.AddEffect(ctx, tx, idem.Key{Scope: "user-1", ID: t.Name()}, "v")
+		return "done", s.AddEffect(ctx, tx, key, "v")
 	}
 }
 
@@ -48,7 +48,7 @@ func TestDoRetriesASessionEndedBeforeCommit(t *testing.T) {
 	s := pgtest.NewSchema(t, pool)
 	key := newKey(t)
 	var runs atomic.Int64
-	res, err := idem.Do(context.Background(), pool, key, terminateOnFirstRun(t, s, &runs), s.Opt)
+	res, err := idem.Do(context.Background(), pool, key, terminateOnFirstRun(t, s, key, &runs), s.Opt)
 	require.NoError(t, err, "the attempt whose session ended committed nothing: Do retried it")
 	require.False(t, res.Replayed)
 	require.EqualValues(t, 2, runs.Load(), "fn ran again on a fresh connection")
@@ -58,15 +58,7 @@ func TestDoRetriesASessionEndedBeforeCommit(t *testing.T) {
 	// nothing was committed: a retry with the key runs fn.
 	key2 := idem.Key{Scope: "user-1", ID: t.Name() + "/off"}
 	runs.Store(0)
-	fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
-		if runs.Add(1) == 1 {
-			var pid int
-			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-			_, err := pgtest.Direct(t).Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
-			require.NoError(t, err)
-		}
-		return "done", s.AddEffect(ctx, tx, key2, "v")
-	}
+	fn := terminateOnFirstRun(t, s, key2, &runs)
 	_, err = idem.Do(context.Background(), pool, key2, fn, s.Opt, idem.WithRetry(idem.RetryPolicy{Outage: -1}))
 	var pe *pgconn.PgError
 	require.ErrorAs(t, err, &pe)

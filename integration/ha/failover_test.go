@@ -71,7 +71,7 @@ func TestFailoverSoak(t *testing.T) {
 
 	book := &ledger{requested: map[string]bool{}, acked: map[string]string{}, errs: map[string]int{},
 		inflight: map[string]int{}, starts: map[string]int{}, byMode: map[string]int{},
-		fence: fenceBook{claims: map[string][]claimed{}, accepted: map[string]int32{}}, pool: pool}
+		fence: fenceBook{claims: map[string][]claimed{}, accepted: map[string]int32{}}}
 	fn := func(key idem.Key) func(context.Context, pgx.Tx) (string, error) {
 		return func(ctx context.Context, tx pgx.Tx) (string, error) {
 			v := fmt.Sprintf("%016x", rand.Uint64())
@@ -357,8 +357,7 @@ type ledger struct {
 	errs      map[string]int // mode and normalised error text, by count
 	byMode    map[string]int // acknowledged keys by mode
 	fence     fenceBook
-	pool      *pgxpool.Pool  // for the lease mode's stalled holders' rivals
-	rivals    sync.WaitGroup // those rivals' requests
+	rivals    sync.WaitGroup // the requests of the lease mode's stalled holders' rivals
 	attempts  int
 	// inflight counts the requests running per key, starts the requests
 	// ever started per key; committedAnyway lists definite failures that

@@ -60,6 +60,10 @@ func newModes(t *testing.T, pool *pgxpool.Pool, fn func(idem.Key) func(context.C
 	t.Cleanup(srv.Close)
 	client := &http.Client{Timeout: 30 * time.Second}
 
+	lease := &mode{name: "lease"}
+	lease.call = func(ctx context.Context, key idem.Key) (string, bool, error) {
+		return leaseCall(ctx, pool, lease, key, book)
+	}
 	return []*mode{
 		{name: "do", call: func(ctx context.Context, key idem.Key) (string, bool, error) {
 			res, err := idem.Do(ctx, pool, key, fn(key))
@@ -107,9 +111,7 @@ func newModes(t *testing.T, pool *pgxpool.Pool, fn func(idem.Key) func(context.C
 			}
 			return "", false, fmt.Errorf("HTTP %d: %s", resp.StatusCode, body)
 		}},
-		{name: "lease", call: func(ctx context.Context, key idem.Key) (string, bool, error) {
-			return leaseCall(ctx, pool, key, book)
-		}},
+		lease,
 	}
 }
 
@@ -123,7 +125,7 @@ var errFenced = errors.New("downstream: fenced out (a later attempt was seen)")
 // stalls past its lease before its call, so that another request takes
 // the key over and the stalled one is fenced out, by the downstream
 // service or by Complete.
-func leaseCall(ctx context.Context, pool *pgxpool.Pool, key idem.Key, book *ledger) (string, bool, error) {
+func leaseCall(ctx context.Context, pool *pgxpool.Pool, m *mode, key idem.Key, book *ledger) (string, bool, error) {
 	l, res, err := idem.Claim[string](ctx, pool, key, leaseFor)
 	if err != nil {
 		return "", false, err
@@ -136,7 +138,7 @@ func leaseCall(ctx context.Context, pool *pgxpool.Pool, key idem.Key, book *ledg
 	if rand.IntN(20) == 0 {
 		// Stalled before its call: a second client of the key arrives
 		// meanwhile, and takes the key over once the lease has run out.
-		book.rivals.Go(func() { request(leaseMode(book), key, book) })
+		book.rivals.Go(func() { request(m, key, book) })
 		time.Sleep(leaseFor + 300*time.Millisecond)
 	}
 	if !book.fence.accept(key.ID, attempt) {
@@ -160,13 +162,6 @@ func leaseCall(ctx context.Context, pool *pgxpool.Pool, key idem.Key, book *ledg
 	}
 	book.fence.completed(key.ID, attempt, before)
 	return v, false, nil
-}
-
-// leaseMode is the lease mode of book's run, for a stalled holder's rival.
-func leaseMode(book *ledger) *mode {
-	return &mode{name: "lease", call: func(ctx context.Context, key idem.Key) (string, bool, error) {
-		return leaseCall(ctx, book.pool, key, book)
-	}}
 }
 
 // claimed is an attempt Claim handed out, and when it returned.

@@ -2,7 +2,12 @@
 // driver's errors.
 package pgerr
 
-import "errors"
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
 
 // SQLSTATE codes.
 const (
@@ -53,4 +58,22 @@ func Unavailable(err error) bool {
 	c := Code(err)
 	return c == AdminShutdown || c == CrashShutdown || c == CannotConnectNow ||
 		c == ReadOnlyTransaction || (len(c) == 5 && c[:2] == "08")
+}
+
+// CannotServe reports that an attempt failed because the database could not
+// serve it: the server said so (Unavailable), or, where err carries no
+// SQLSTATE, no connection could be made for a reason other than the server
+// refusing this client (a wrong password or an unknown database has one):
+// the address refused or timed out, or no host of the DSN was a primary
+// (target_session_attrs=read-write). An error of a context that ended is
+// never one.
+func CannotServe(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if Code(err) != "" {
+		return Unavailable(err)
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
 }
